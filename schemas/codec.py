@@ -1,0 +1,140 @@
+"""Avro single-object encoding of records: ``C3 01`` + 8-byte CRC-64-AVRO fingerprint + Avro binary body.
+
+Needs no registry: the fingerprint names the writer schema, and the decoder resolves it against the current
+(reader) schema, so records written by an older schema version still decode, with defaults for new fields.
+The Confluent wire format (schema registry) is handled one layer up, in ``streamrft.serde``, because it needs
+``confluent_kafka``.
+"""
+from __future__ import annotations
+
+from io import BytesIO
+from typing import TypeVar
+
+from fastavro import schemaless_reader, schemaless_writer
+
+from .contract import RECORD_NAMES, fingerprint64, parsed, schema_json
+from .records import RECORD_TYPES, Record
+
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+CONFLUENT_MAGIC = b"\x00"
+HEADER_SIZE = len(SINGLE_OBJECT_MAGIC) + 8
+
+R = TypeVar("R", bound=Record)
+
+
+class DecodeError(ValueError):
+    """A payload that cannot become a record. ``reason`` is a short machine-friendly tag for DLQ headers."""
+
+    reason = "decode-error"
+
+
+class UnknownMagicError(DecodeError):
+    reason = "unknown-magic"
+
+    def __init__(self, magic: bytes):
+        self.magic = magic
+        super().__init__(
+            f"unknown framing: first bytes {magic.hex() or '(empty)'}; expected c301 (Avro single-object) "
+            f"or 00 (Confluent schema-registry wire format)"
+        )
+
+
+class UnknownFingerprintError(DecodeError):
+    reason = "unknown-fingerprint"
+
+    def __init__(self, fp: bytes):
+        self.fingerprint = fp
+        super().__init__(
+            f"unknown schema fingerprint {fp.hex()}: no known writer schema has it; register the writer's "
+            f"schema with SingleObjectCodec.register_writer_schema() or upgrade streamrft"
+        )
+
+
+class TruncatedRecordError(DecodeError):
+    reason = "truncated"
+
+
+class WrongRecordTypeError(DecodeError):
+    reason = "wrong-record-type"
+
+
+def framing_of(data: bytes) -> str:
+    """'single-object' or 'confluent'; raises UnknownMagicError for anything else."""
+    if data[:2] == SINGLE_OBJECT_MAGIC:
+        return "single-object"
+    if data[:1] == CONFLUENT_MAGIC and len(data) >= 5:
+        return "confluent"
+    raise UnknownMagicError(bytes(data[:2]))
+
+
+class SingleObjectCodec:
+    """Encodes records of the contract and decodes any known writer version of them."""
+
+    def __init__(self) -> None:
+        self._writers: dict[str, tuple[bytes, dict]] = {}  # record name -> (fingerprint, parsed schema)
+        self._readers: dict[str, dict] = {}  # record name -> parsed current schema
+        # fingerprint -> (record name, parsed writer schema)
+        self._by_fingerprint: dict[bytes, tuple[str, dict]] = {}
+        for name in RECORD_NAMES:
+            schema = schema_json(name)
+            fp = fingerprint64(schema)
+            self._writers[name] = (fp, parsed(schema))
+            self._readers[name] = parsed(schema)
+            self._by_fingerprint[fp] = (name, self._readers[name])
+
+    def register_writer_schema(self, record_name: str, schema: dict) -> bytes:
+        """Accept payloads written with an older (or other compatible) version of ``record_name``'s schema."""
+        if record_name not in self._readers:
+            raise KeyError(f"unknown record {record_name!r}; known: {', '.join(RECORD_NAMES)}")
+        fp = fingerprint64(schema)
+        self._by_fingerprint[fp] = (record_name, parsed(schema))
+        return fp
+
+    def fingerprint(self, record_type: type[Record]) -> bytes:
+        return self._writers[record_type.schema_name][0]
+
+    def encode(self, record: Record) -> bytes:
+        fp, schema = self._writers[record.schema_name]
+        buf = BytesIO()
+        buf.write(SINGLE_OBJECT_MAGIC)
+        buf.write(fp)
+        schemaless_writer(buf, schema, record.to_dict())
+        return buf.getvalue()
+
+    def encode_with(self, schema: dict, datum: dict) -> bytes:
+        """Encode a raw datum with an arbitrary writer schema (tests and producers of older versions)."""
+        buf = BytesIO()
+        buf.write(SINGLE_OBJECT_MAGIC)
+        buf.write(fingerprint64(schema))
+        schemaless_writer(buf, parsed(schema), datum)
+        return buf.getvalue()
+
+    def decode(self, data: bytes, expected: type[R] | None = None) -> R:
+        """Decode a single-object payload into its record class; ``expected`` rejects other record types."""
+        if len(data) < HEADER_SIZE or data[:2] != SINGLE_OBJECT_MAGIC:
+            if data[:2] == SINGLE_OBJECT_MAGIC:
+                raise TruncatedRecordError(f"payload of {len(data)} bytes is shorter than the 10-byte header")
+            raise UnknownMagicError(bytes(data[:2]))
+        fp = bytes(data[2:HEADER_SIZE])
+        try:
+            name, writer = self._by_fingerprint[fp]
+        except KeyError:
+            raise UnknownFingerprintError(fp) from None
+        if expected is not None and expected.schema_name != name:
+            raise WrongRecordTypeError(f"payload is a {name}, expected a {expected.schema_name}")
+        datum = self.decode_body(name, writer, data[HEADER_SIZE:])
+        return RECORD_TYPES[name].from_dict(datum)  # type: ignore[return-value]
+
+    def decode_body(self, name: str, writer: dict, body: bytes) -> dict:
+        """Decode an Avro binary body written with ``writer`` into the current schema of ``name``."""
+        reader = self._readers[name]
+        stream = BytesIO(body)
+        try:
+            datum = schemaless_reader(stream, writer, reader if writer is not reader else None)
+        except (EOFError, StopIteration, IndexError) as exc:
+            raise TruncatedRecordError(f"{name} body ends early ({len(body)} bytes): {exc!r}") from exc
+        except Exception as exc:  # fastavro raises assorted errors on garbage (ValueError, UnicodeDecodeError, ...)
+            raise DecodeError(f"{name} body is not valid Avro: {exc!r}") from exc
+        if stream.tell() != len(body):
+            raise DecodeError(f"{name} body has {len(body) - stream.tell()} trailing bytes")
+        return datum

@@ -1,0 +1,48 @@
+"""The Avro contract: loads the ``.avsc`` files shipped in this folder into self-contained schemas.
+
+Records reference shared named types (``io.streamrft.Task``, ``io.streamrft.RolloutKind``) defined in their own
+files; fastavro's ``load_schema_ordered`` injects those definitions so every schema below is complete on its own,
+which is what the parsing canonical form (and so the fingerprint) must be computed over.
+"""
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from fastavro.schema import fingerprint, load_schema_ordered, parse_schema, to_parsing_canonical_form
+
+SCHEMA_DIR = Path(__file__).parent
+
+# record name -> the files it is built from, dependencies first
+_SOURCES: dict[str, tuple[str, ...]] = {
+    "Task": ("Task",),
+    "RolloutRequest": ("RolloutKind", "Task", "RolloutRequest"),
+    "Experience": ("RolloutKind", "Experience"),
+    "RolloutResult": ("RolloutKind", "RolloutResult"),
+    "SyncSignal": ("SyncSignal",),
+    "Metric": ("Metric",),
+}
+
+RECORD_NAMES: tuple[str, ...] = tuple(_SOURCES)
+
+
+@cache
+def schema_json(name: str) -> dict:
+    """The complete (dependencies injected) schema of record ``name`` as a JSON-compatible dict."""
+    files = [str(SCHEMA_DIR / f"{part}.avsc") for part in _SOURCES[name]]
+    return load_schema_ordered(files, _write_hint=False)
+
+
+def canonical_form(schema: dict | str) -> str:
+    """Avro parsing canonical form (the input of the fingerprint)."""
+    return to_parsing_canonical_form(schema)
+
+
+def fingerprint64(schema: dict | str) -> bytes:
+    """CRC-64-AVRO fingerprint of a schema as the 8 bytes that go on the wire (little-endian, per the spec)."""
+    return bytes.fromhex(fingerprint(canonical_form(schema), "CRC-64-AVRO"))
+
+
+def parsed(schema: dict) -> dict:
+    """fastavro's parsed form of a complete schema; each call gets its own named-type table."""
+    return parse_schema(schema, named_schemas={}, _write_hint=False)
