@@ -1,0 +1,139 @@
+"""How to reach Kafka (and the schema registry), and how a run's topics are laid out."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from .base import Section
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+
+
+class KafkaConfig(Section):
+    """Connection settings. An empty ``bootstrap_servers`` means: start the embedded broker."""
+
+    bootstrap_servers: str = ""
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    # librdkafka properties passed through as-is; explicit settings above and the client layer's own
+    # guarantees (acks, idempotence, isolation level) win over these.
+    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    consumer: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    admin: dict[str, str | int | float | bool] = Field(default_factory=dict)
+
+    @property
+    def embedded(self) -> bool:
+        return not self.bootstrap_servers.strip()
+
+    @model_validator(mode="after")
+    def _sasl_complete(self) -> "KafkaConfig":
+        if self.security_protocol.startswith("SASL") and self.sasl_mechanism is None:
+            raise ValueError(
+                f"security_protocol {self.security_protocol} needs kafka.sasl_mechanism "
+                "(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER or GSSAPI)"
+            )
+        if self.sasl_mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (
+            self.sasl_username and self.sasl_password
+        ):
+            raise ValueError(
+                f"sasl_mechanism {self.sasl_mechanism} needs kafka.sasl_username and kafka.sasl_password "
+                "(set the password with STREAMRFT_KAFKA__SASL_PASSWORD rather than in the file)"
+            )
+        return self
+
+    def client_properties(self, bootstrap: str) -> dict[str, str]:
+        """librdkafka properties common to every client of this cluster."""
+        props: dict[str, str] = {"bootstrap.servers": bootstrap, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            props["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username:
+            props["sasl.username"] = self.sasl_username
+        if self.sasl_password:
+            props["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location:
+            props["ssl.ca.location"] = self.ssl_ca_location
+        return props
+
+
+class SchemaRegistryConfig(Section):
+    """When ``url`` is set, records are framed in the Confluent wire format through the registry, so tools
+    such as Kafka UI show them decoded; otherwise Avro single-object encoding, which needs no registry."""
+
+    url: str = ""
+    basic_auth_user_info: SecretStr | None = None
+    auto_register_schemas: bool = True
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url.strip())
+
+    @field_validator("url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if value and not re.match(r"^https?://", value):
+            raise ValueError("schema_registry.url must start with http:// or https:// (or be empty for none)")
+        return value
+
+
+class TopicConfig(Section):
+    """Layout of one topic. ``None`` leaves a setting to the broker's default."""
+
+    partitions: int = Field(default=1, ge=1)
+    replication_factor: int = Field(default=-1, description="-1 = the broker's default.replication.factor")
+    retention_ms: int | None = Field(default=None, ge=-1)
+    max_message_bytes: int | None = Field(default=None, ge=1024)
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+
+    @field_validator("replication_factor")
+    @classmethod
+    def _rf(cls, value: int) -> int:
+        if value == 0 or value < -1:
+            raise ValueError("replication_factor must be -1 (broker default) or at least 1")
+        return value
+
+    def kafka_config(self) -> dict[str, str]:
+        """Topic-level configs as the admin API takes them."""
+        out = {"cleanup.policy": self.cleanup_policy}
+        if self.retention_ms is not None:
+            out["retention.ms"] = str(self.retention_ms)
+        if self.max_message_bytes is not None:
+            out["max.message.bytes"] = str(self.max_message_bytes)
+        return out
+
+
+# Per-topic defaults follow DESIGN.md: rollouts has enough partitions for many workers, experiences carry big
+# records, sync is compacted (latest signal per key) with time retention as well.
+_DAY_MS = 24 * 3600 * 1000
+
+
+class TopicsConfig(Section):
+    tasks: TopicConfig = TopicConfig(partitions=1)
+    rollouts: TopicConfig = TopicConfig(partitions=16)
+    experiences: TopicConfig = TopicConfig(partitions=8, max_message_bytes=16 * 1024 * 1024)
+    results: TopicConfig = TopicConfig(partitions=4)
+    sync: TopicConfig = TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS)
+    metrics: TopicConfig = TopicConfig(partitions=1)
+    dlq: TopicConfig = TopicConfig(partitions=1, retention_ms=30 * _DAY_MS)
+
+    @field_validator("sync")
+    @classmethod
+    def _sync_one_partition(cls, value: TopicConfig) -> TopicConfig:
+        if value.partitions != 1:
+            raise ValueError("topics.sync.partitions must be 1: weight versions must be read in order")
+        return value
+
+
+class EmbeddedBrokerConfig(Section):
+    """The single-node KRaft broker streamrft starts when ``kafka.bootstrap_servers`` is empty."""
+
+    kafka_version: str = "4.1.1"
+    data_dir: str | None = None  # None: a fresh temporary directory, deleted at stop
+    keep_data: bool = False
+    heap: str = "512m"
+    start_timeout_s: float = Field(default=90.0, gt=0)

@@ -1,0 +1,118 @@
+"""The run configuration: composes one section per component, loaded from YAML plus environment overrides."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from ..errors import ConfigError
+from .base import Section, explain
+from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
+
+ENV_PREFIX = "STREAMRFT_"
+TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
+
+
+class RunConfig(Section):
+    name: str = Field(default="demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    topic_prefix_override: str | None = Field(default=None, alias="topic_prefix")
+    kafka: KafkaConfig = KafkaConfig()
+    schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
+    topics: TopicsConfig = TopicsConfig()
+    broker: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
+
+    model_config = Section.model_config | {"populate_by_name": True}
+
+    @field_validator("topic_prefix_override")
+    @classmethod
+    def _prefix(cls, value: str | None) -> str | None:
+        if value is not None and not all(c.isalnum() or c in "._-" for c in value):
+            raise ValueError("topic_prefix may only contain letters, digits, '.', '_' and '-'")
+        return value
+
+    @property
+    def topic_prefix(self) -> str:
+        return self.topic_prefix_override if self.topic_prefix_override is not None else f"rft.{self.name}."
+
+    def topic(self, name: str) -> str:
+        """Full name of one of the run's topics (``tasks``, ``experiences``, ...)."""
+        if name not in TOPIC_NAMES:
+            raise KeyError(f"unknown topic {name!r}; the run's topics are {', '.join(TOPIC_NAMES)}")
+        return self.topic_prefix + name
+
+    def dlq_topic(self, source_topic: str) -> str:
+        return f"{source_topic}.dlq"
+
+    def group(self, role: str) -> str:
+        """Consumer group id of a role, e.g. ``<run>.trainer``."""
+        return f"{self.name}.{role}"
+
+
+def _parse_scalar(text: str) -> Any:
+    """Environment values are YAML scalars, so numbers, booleans and null keep their types."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def env_overrides(env: Mapping[str, str], top_level_keys: set[str]) -> dict[str, Any]:
+    """``STREAMRFT_KAFKA__BOOTSTRAP_SERVERS=host:9092`` -> ``{"kafka": {"bootstrap_servers": "host:9092"}}``.
+
+    Only variables whose first segment names a config section are taken, so settings such as
+    ``STREAMRFT_LOG_LEVEL`` stay the CLI's own.
+    """
+    out: dict[str, Any] = {}
+    for var, value in sorted(env.items()):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        path = [part.lower() for part in var[len(ENV_PREFIX):].split("__")]
+        if path[0] not in top_level_keys:
+            continue
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = _parse_scalar(value)
+    return out
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """Load a run config: YAML file (optional) <- environment (STREAMRFT_...) <- explicit overrides."""
+    raw: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}; check the path") from exc
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path} must hold a mapping of settings at the top level, not {type(raw).__name__}")
+    keys = set(RunConfig.model_fields) | {"topic_prefix"}
+    raw = _merge(raw, env_overrides(os.environ if env is None else env, keys))
+    raw = _merge(raw, overrides or {})
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise explain(exc, source) from None

@@ -1,0 +1,13 @@
+"""Errors that carry their own explanation: the CLI prints them without a traceback."""
+
+
+class StreamrftError(Exception):
+    """Base of errors whose message says what went wrong and how to fix it."""
+
+
+class ConfigError(StreamrftError):
+    """Invalid configuration, found at start-up."""
+
+
+class BrokerError(StreamrftError):
+    """The embedded broker could not be set up, started or reached."""
