@@ -76,8 +76,10 @@ class SchemaRegistryConfig(Section):
     @field_validator("url")
     @classmethod
     def _http(cls, value: str) -> str:
-        if value and not re.match(r"^https?://", value):
-            raise ValueError("schema_registry.url must start with http:// or https:// (or be empty for none)")
+        if value and not re.match(r"^(https?|mock)://", value):
+            raise ValueError(
+                "schema_registry.url must start with http:// or https:// (mock:// for tests; empty for none)"
+            )
         return value
 
 

@@ -1,0 +1,41 @@
+"""What every command shares: the --config option, loading it, and opening the run's Kafka clients."""
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+from typing import Iterator
+
+from rich.console import Console
+
+from ..config import RunConfig, load_config
+from ..kafka import KafkaClients
+
+console = Console(stderr=True)
+
+
+def add_config_argument(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+    help_text = "run configuration (YAML); defaults + STREAMRFT_* environment variables when omitted"
+    if positional:
+        parser.add_argument("config", metavar="CONFIG", help=help_text)
+    else:
+        parser.add_argument("-c", "--config", metavar="CONFIG", default=None, help=help_text)
+
+
+def config_from(args: argparse.Namespace) -> RunConfig:
+    return load_config(getattr(args, "config", None))
+
+
+@contextmanager
+def open_run(config: RunConfig, create_topics: bool = True) -> Iterator[KafkaClients]:
+    """Kafka clients for the run on its cluster (the embedded broker when none is configured), with the
+    run's topics created if missing."""
+    from ..broker import kafka_for
+
+    with kafka_for(config) as bootstrap:
+        clients = KafkaClients(config, bootstrap)
+        try:
+            if create_topics:
+                clients.ensure_topics()
+            yield clients
+        finally:
+            clients.close()

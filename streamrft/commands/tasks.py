@@ -1,0 +1,57 @@
+"""``streamrft tasks produce FILE|-``: inject tasks into a run's ``tasks`` topic."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..producers.task_files import FieldMapping, count_rows, read_tasks
+from ..producers.task_producer import produce_tasks
+from .common import add_config_argument, config_from, console, open_run
+
+SHOW_REJECTED = 20
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("tasks", help="inject tasks into a run")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    produce = actions.add_parser(
+        "produce", help="produce tasks from a JSONL, JSON-array, CSV or Parquet file, or - for stdin",
+        description="Each row becomes a Task whose payload holds the row's fields, with the prompt under "
+                    "'question' and the reference under 'answer'. Rows that cannot become a Task are reported "
+                    "with their line number and reason; the exit code is 1 if there were any.")
+    produce.add_argument("source", metavar="FILE|-")
+    add_config_argument(produce)
+    produce.add_argument("--prompt-key", default="question", help="field holding the prompt (default: question)")
+    produce.add_argument("--answer-key", default="answer", help="field holding the reference answer (default: answer)")
+    produce.add_argument("--no-answer", action="store_true", help="tasks have no reference answer")
+    produce.add_argument("--id-key", default=None, help="field holding a task id (default: <taskset>-<line>)")
+    produce.add_argument("--workflow", default="arithmetic", help="workflow that runs these tasks")
+    produce.add_argument("--taskset", default=None, help="taskset name (default: the file name without suffix)")
+    produce.add_argument("--reward-fn", default=None, help="reward function (default: the workflow's own)")
+    produce.add_argument("--repeat-times", type=int, default=None, help="samples per task (default: the run's)")
+    produce.set_defaults(func=run_produce)
+
+
+def run_produce(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    taskset = args.taskset or ("stdin" if args.source == "-" else Path(args.source).stem)
+    mapping = FieldMapping(prompt_key=args.prompt_key, answer_key=None if args.no_answer else args.answer_key,
+                           id_key=args.id_key, workflow=args.workflow, taskset=taskset,
+                           reward_fn=args.reward_fn, repeat_times=args.repeat_times)
+    topic = config.topic("tasks")
+    with open_run(config) as clients:
+        producer = clients.producer(client_id="task-producer")
+        with Progress(TextColumn("[bold]producing {task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=False) as progress:
+            bar = progress.add_task(f"{args.source} → {topic}", total=count_rows(args.source))
+            summary = produce_tasks(producer, topic, read_tasks(args.source, mapping),
+                                    on_item=lambda: progress.advance(bar))
+    console.print(f"[green]{summary.produced} task(s) produced[/] to {topic}"
+                  + (f", [red]{len(summary.rejected)} row(s) rejected[/]:" if summary.rejected else ""))
+    for rejected in summary.rejected[:SHOW_REJECTED]:
+        console.print(f"  line {rejected.line}: {rejected.reason}")
+    if len(summary.rejected) > SHOW_REJECTED:
+        console.print(f"  ... and {len(summary.rejected) - SHOW_REJECTED} more")
+    return 1 if summary.rejected else 0

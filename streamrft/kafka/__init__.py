@@ -1,0 +1,80 @@
+"""The Kafka client layer: the only part of streamrft that imports ``confluent_kafka``.
+
+``KafkaClients`` builds every client of a run from its config, so role code never assembles librdkafka
+properties itself.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient
+
+from ..schemas import Record
+from ..config import RunConfig
+from .admin import describe_run, ensure_topics, group_lag, run_topics
+from .consumer import Delivered, RecordConsumer
+from .dlq import DeadLetter, dead_letter, dlq_topic_of
+from .producer import DeliveryError, RecordProducer
+from .props import admin_props, consumer_props, producer_props
+from .serde import Serde
+from .transaction import FatalTransactionError, TransactionAborted, Transactor
+
+__all__ = [
+    "KafkaClients", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter", "dead_letter",
+    "dlq_topic_of", "Serde", "Transactor", "TransactionAborted", "FatalTransactionError",
+]
+
+
+class KafkaClients:
+    """Factory of producers, consumers and admin clients for one run on one cluster."""
+
+    def __init__(self, config: RunConfig, bootstrap: str):
+        self.config = config
+        self.bootstrap = bootstrap
+        self.serde = Serde(config.schema_registry)
+        self._admin: AdminClient | None = None
+        self._probe: Consumer | None = None
+
+    def producer(self, transactional_id: str | None = None, client_id: str = "streamrft") -> RecordProducer:
+        return RecordProducer(producer_props(self.config.kafka, self.bootstrap, transactional_id, client_id),
+                              self.serde)
+
+    def consumer(self, topics: list[str], record_type: type[Record], group: str, *, client_id: str = "streamrft",
+                 read_committed: bool = True, subscribe: bool = True, auto_offset_reset: str = "earliest",
+                 dead_letters: bool = True) -> RecordConsumer:
+        """A consumer of ``record_type`` in consumer group ``group``; undecodable records go to ``<topic>.dlq``
+        through a producer of its own."""
+        props = consumer_props(self.config.kafka, self.bootstrap, group, client_id, read_committed,
+                               auto_offset_reset)
+        dlq = self.producer(client_id=f"{client_id}-dlq") if dead_letters else None
+        return RecordConsumer(props, self.serde, topics, record_type, dlq, subscribe)
+
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(admin_props(self.config.kafka, self.bootstrap))
+        return self._admin
+
+    def probe(self) -> Consumer:
+        """A group-less consumer for offset look-ups (watermarks, offsets for times)."""
+        if self._probe is None:
+            props = consumer_props(self.config.kafka, self.bootstrap, f"streamrft-probe-{uuid.uuid4().hex[:8]}",
+                                   f"probe-{os.getpid()}")
+            self._probe = Consumer(props)
+        return self._probe
+
+    def ensure_topics(self) -> list[str]:
+        return ensure_topics(self.admin(), run_topics(self.config))
+
+    def describe(self):
+        topics = list(run_topics(self.config))
+        return describe_run(self.admin(), self.probe(), topics, f"{self.config.name}.")
+
+    def lag(self, group: str, topic: str) -> int:
+        return group_lag(self.admin(), self.probe(), group, topic)
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.close()
+            self._probe = None

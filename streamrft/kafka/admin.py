@@ -1,0 +1,116 @@
+"""Topic administration: idempotent creation of a run's topics, and a read-out of offsets and group lag."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from ..config import TOPIC_NAMES, RunConfig, TopicConfig
+from .dlq import dlq_topic_of
+
+logger = logging.getLogger(__name__)
+
+
+def run_topics(config: RunConfig) -> dict[str, TopicConfig]:
+    """Every topic of a run (full name -> layout): the six data topics and their dead-letter topics."""
+    out = {}
+    for name in TOPIC_NAMES:
+        full = config.topic(name)
+        out[full] = getattr(config.topics, name)
+        out[dlq_topic_of(full)] = config.topics.dlq
+    return out
+
+
+def ensure_topics(admin: AdminClient, topics: dict[str, TopicConfig], timeout: float = 30.0) -> list[str]:
+    """Create the topics that do not exist yet; existing ones are left alone (a second call is a no-op).
+    Returns the names created."""
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    missing = [
+        NewTopic(name, num_partitions=layout.partitions, replication_factor=layout.replication_factor,
+                 config=layout.kafka_config())
+        for name, layout in topics.items() if name not in existing
+    ]
+    created = []
+    for name, future in (admin.create_topics(missing, request_timeout=timeout).items() if missing else []):
+        try:
+            future.result()
+            created.append(name)
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another role created it concurrently
+                raise KafkaException(KafkaError(error.code(), f"creating topic {name}: {error.str()}")) from exc
+    _warn_on_layout_drift(admin, topics, existing, timeout)
+    if created:
+        logger.info("created topics: %s", ", ".join(sorted(created)))
+    return created
+
+
+def _warn_on_layout_drift(admin: AdminClient, topics: dict[str, TopicConfig], existing: set[str],
+                          timeout: float) -> None:
+    metadata = admin.list_topics(timeout=timeout).topics
+    for name in existing & set(topics):
+        have, want = len(metadata[name].partitions), topics[name].partitions
+        if have != want:
+            logger.warning("topic %s has %d partitions, config asks for %d; kept as it is (partitions can only "
+                           "grow: kafka-topics --alter --partitions)", name, have, want)
+
+
+@dataclass
+class TopicReport:
+    name: str
+    partitions: int
+    end_offsets: list[int]  # high watermark per partition
+    groups: dict[str, int] = field(default_factory=dict)  # consumer group -> total lag on this topic
+
+    @property
+    def records(self) -> int:
+        return sum(self.end_offsets)
+
+
+def describe_run(admin: AdminClient, consumer: Consumer, topics: list[str], group_prefix: str,
+                 timeout: float = 10.0) -> list[TopicReport]:
+    """Partitions, end offsets and, for each consumer group whose id starts with ``group_prefix``, its lag."""
+    metadata = admin.list_topics(timeout=timeout).topics
+    reports = []
+    for name in topics:
+        if name not in metadata:
+            continue
+        partitions = sorted(metadata[name].partitions)
+        ends = [consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout)[1] for p in partitions]
+        reports.append(TopicReport(name, len(partitions), ends))
+    by_name = {r.name: r for r in reports}
+    for group in _groups(admin, group_prefix, timeout):
+        for tp in _committed(admin, group, timeout):
+            report = by_name.get(tp.topic)
+            if report is None or tp.offset < 0:
+                continue
+            lag = max(report.end_offsets[tp.partition] - tp.offset, 0)
+            report.groups[group] = report.groups.get(group, 0) + lag
+    return reports
+
+
+def group_lag(admin: AdminClient, consumer: Consumer, group: str, topic: str, timeout: float = 10.0) -> int:
+    """Total lag of ``group`` on ``topic`` (end offset − committed offset, over partitions; uncommitted
+    partitions count from their start)."""
+    metadata = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+    if metadata is None or metadata.error is not None:
+        return 0
+    committed = {tp.partition: tp.offset for tp in _committed(admin, group, timeout) if tp.topic == topic}
+    lag = 0
+    for partition in metadata.partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        offset = committed.get(partition, -1)
+        lag += high - (offset if offset >= 0 else low)
+    return lag
+
+
+def _groups(admin: AdminClient, prefix: str, timeout: float) -> list[str]:
+    listing = admin.list_consumer_groups(request_timeout=timeout).result()
+    return sorted(g.group_id for g in listing.valid if g.group_id.startswith(prefix))
+
+
+def _committed(admin: AdminClient, group: str, timeout: float) -> list[TopicPartition]:
+    futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)], request_timeout=timeout)
+    return futures[group].result().topic_partitions or []

@@ -1,0 +1,109 @@
+"""Idempotent (optionally transactional) producer of records. Delivery errors are held, never swallowed, and
+raised at the next ``flush()``."""
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from ..schemas import Record
+from .dlq import DeadLetter
+from .serde import Serde
+
+logger = logging.getLogger(__name__)
+
+
+class DeliveryError(Exception):
+    """One or more records were not acknowledged by the broker; nothing after them may be committed."""
+
+    def __init__(self, failures: list[str]):
+        self.failures = failures
+        shown = "; ".join(failures[:5]) + (f"; ... {len(failures) - 5} more" if len(failures) > 5 else "")
+        super().__init__(f"{len(failures)} record(s) not delivered: {shown}")
+
+
+class RecordProducer:
+    """Thin wrapper over ``confluent_kafka.Producer`` that speaks records (see ``Serde``)."""
+
+    def __init__(self, props: dict, serde: Serde):
+        self.serde = serde
+        self.transactional = "transactional.id" in props
+        self._producer = Producer(props)
+        self._failures: list[str] = []
+        self.delivered = 0
+
+    # -- producing ------------------------------------------------------------------------------------------
+    def produce(self, topic: str, record: Record, key: str | None = None,
+                headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
+        """Encode and produce ``record``; its key defaults to the record's own key (DESIGN.md, Topics)."""
+        value = self.serde.encode(record, topic)
+        self.produce_raw(topic, value, (key if key is not None else record.key).encode(), headers, partition)
+
+    def produce_raw(self, topic: str, value: bytes | None, key: bytes | None,
+                    headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
+        kwargs = {"topic": topic, "value": value, "key": key, "headers": headers, "on_delivery": self._on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(**kwargs)
+                break
+            except BufferError:
+                # Local queue full: serve delivery reports until there is room. This is the producer's
+                # backpressure; it never buffers without bound.
+                self._producer.poll(0.1)
+        self._producer.poll(0)
+
+    def send_dead_letter(self, letter: DeadLetter) -> None:
+        self.produce_raw(letter.topic, letter.value, letter.key, letter.headers)
+
+    def _on_delivery(self, err: KafkaError | None, msg) -> None:
+        if err is not None:
+            key = msg.key().decode(errors="replace") if msg.key() else None
+            self._failures.append(f"{msg.topic()}[{msg.partition()}] key={key}: {err.str()}")
+        else:
+            self.delivered += 1
+
+    def flush(self, timeout: float = 60.0) -> None:
+        """Wait for every record to be acknowledged; raise DeliveryError if any failed or is still queued."""
+        remaining = self._producer.flush(timeout)
+        self.raise_delivery_errors()
+        if remaining:
+            raise DeliveryError([f"{remaining} record(s) still queued after {timeout:.0f}s; is the broker up?"])
+
+    def raise_delivery_errors(self) -> None:
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise DeliveryError(failures)
+
+    def discard_delivery_errors(self) -> None:
+        self._failures = []
+
+    def poll(self, timeout: float = 0.0) -> None:
+        self._producer.poll(timeout)
+
+    # -- transactions (see transaction.py for the error handling) ----------------------------------------------
+    @property
+    def raw(self) -> Producer:
+        return self._producer
+
+    def init_transactions(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._producer.init_transactions(max(1.0, deadline - time.monotonic()))
+                return
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if error.retriable() and time.monotonic() < deadline:
+                    logger.info("init_transactions: %s; retrying", error.str())
+                    time.sleep(0.5)
+                    continue
+                raise
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Deliver what is queued (non-transactional producers) and release the client."""
+        if not self.transactional:
+            self._producer.flush(timeout)
+        self.raise_delivery_errors()

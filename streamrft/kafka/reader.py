@@ -1,0 +1,59 @@
+"""Group-less reading of whole topics (tail, tests, reports): assign every partition, read from the beginning
+or the end, stop when idle or after ``limit`` records. Commits nothing."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
+
+from ..config import KafkaConfig
+from .props import consumer_props
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp_ms: int
+
+
+def read_topic(kafka: KafkaConfig, bootstrap: str, topic: str, *, from_beginning: bool = True,
+               idle_timeout: float | None = 3.0, limit: int | None = None, read_committed: bool = True,
+               ) -> Iterator[RawRecord]:
+    """Yield records of every partition of ``topic``. With ``from_beginning`` and an ``idle_timeout`` it ends
+    once it has reached the end offsets seen at start and nothing new came for ``idle_timeout`` seconds;
+    ``idle_timeout=None`` follows the topic until the caller stops iterating."""
+    props = consumer_props(kafka, bootstrap, f"streamrft-reader-{uuid.uuid4().hex[:8]}",
+                           read_committed=read_committed)
+    consumer = Consumer(props)
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {topic} does not exist"))
+        start = OFFSET_BEGINNING if from_beginning else OFFSET_END
+        consumer.assign([TopicPartition(topic, p, start) for p in metadata.partitions])
+        count = 0
+        last = time.monotonic()
+        while limit is None or count < limit:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                if idle_timeout is not None and time.monotonic() - last > idle_timeout:
+                    return
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(msg.error())
+            last = time.monotonic()
+            count += 1
+            yield RawRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                            msg.headers() or [], msg.timestamp()[1])
+    finally:
+        consumer.close()
