@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -20,10 +20,14 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_ONE_MS = timedelta(milliseconds=1)
+
+
 def _millis(value: Any) -> Any:
     """fastavro returns timestamp-millis as datetime; records keep integer milliseconds."""
     if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
+        return (value - _EPOCH) // _ONE_MS  # exact, unlike float timestamp() * 1000
     return value
 
 

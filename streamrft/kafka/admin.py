@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
@@ -41,10 +42,28 @@ def ensure_topics(admin: AdminClient, topics: dict[str, TopicConfig], timeout: f
             error: KafkaError = exc.args[0]
             if error.code() != KafkaError.TOPIC_ALREADY_EXISTS:  # another role created it concurrently
                 raise KafkaException(KafkaError(error.code(), f"creating topic {name}: {error.str()}")) from exc
+    _wait_for_leaders(admin, created, timeout)
     _warn_on_layout_drift(admin, topics, existing, timeout)
     if created:
         logger.info("created topics: %s", ", ".join(sorted(created)))
     return created
+
+
+def _wait_for_leaders(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Creation returns before every partition has a leader; wait, so callers can use the topics at once."""
+    deadline = time.monotonic() + timeout
+    waiting = set(names)
+    while waiting:
+        metadata = admin.list_topics(timeout=timeout).topics
+        waiting = {
+            name for name in waiting
+            if name not in metadata or metadata[name].error is not None
+            or any(p.leader < 0 for p in metadata[name].partitions.values())
+        }
+        if waiting and time.monotonic() > deadline:
+            raise TimeoutError(f"topics without a partition leader after {timeout:.0f}s: {sorted(waiting)}")
+        if waiting:
+            time.sleep(0.1)
 
 
 def _warn_on_layout_drift(admin: AdminClient, topics: dict[str, TopicConfig], existing: set[str],
@@ -78,7 +97,7 @@ def describe_run(admin: AdminClient, consumer: Consumer, topics: list[str], grou
         if name not in metadata:
             continue
         partitions = sorted(metadata[name].partitions)
-        ends = [consumer.get_watermark_offsets(TopicPartition(name, p), timeout=timeout)[1] for p in partitions]
+        ends = [watermarks(consumer, TopicPartition(name, p), timeout)[1] for p in partitions]
         reports.append(TopicReport(name, len(partitions), ends))
     by_name = {r.name: r for r in reports}
     for group in _groups(admin, group_prefix, timeout):
@@ -100,10 +119,23 @@ def group_lag(admin: AdminClient, consumer: Consumer, group: str, topic: str, ti
     committed = {tp.partition: tp.offset for tp in _committed(admin, group, timeout) if tp.topic == topic}
     lag = 0
     for partition in metadata.partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout)
+        low, high = watermarks(consumer, TopicPartition(topic, partition), timeout)
         offset = committed.get(partition, -1)
         lag += high - (offset if offset >= 0 else low)
     return lag
+
+
+def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 10.0) -> tuple[int, int]:
+    """(low, high) offsets of a partition, retrying while leadership settles (new topics, broker restarts)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=timeout)
+        except KafkaException:
+            # NOT_LEADER / LEADER_NOT_AVAILABLE right after creation are not flagged retriable by librdkafka
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _groups(admin: AdminClient, prefix: str, timeout: float) -> list[str]:

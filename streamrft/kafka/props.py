@@ -42,6 +42,9 @@ def consumer_props(kafka: KafkaConfig, bootstrap: str, group_id: str, client_id:
         "max.partition.fetch.bytes": MAX_MESSAGE_BYTES,
         # Role loops can spend minutes in one generation or training step between polls.
         "max.poll.interval.ms": 900_000,
+        # A killed member's partitions move to the others after this long (the broker's minimum is 6 s).
+        "session.timeout.ms": 10_000,
+        "heartbeat.interval.ms": 2_000,
         "logger": _librdkafka_logger,
     }
     guarantees = {
