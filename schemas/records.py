@@ -47,7 +47,8 @@ class SyncKind(StrEnum):
     WEIGHTS_PUBLISHED = "WEIGHTS_PUBLISHED"
     SYNC_REQUEST = "SYNC_REQUEST"
     NCCL_READY = "NCCL_READY"
-    EXPLORER_STEP = "EXPLORER_STEP"
+    EXPLORER_STATE = "EXPLORER_STATE"
+    CANCEL_STEP = "CANCEL_STEP"
 
 
 class SyncMethod(StrEnum):
@@ -151,6 +152,7 @@ class Experience(Record):
     prompt_length: int
     logprobs: bytes
     reward: float
+    group_size: int = 0
     action_mask: bytes | None = None
     token_rewards: bytes | None = None
     truncated: bool = False
@@ -238,6 +240,7 @@ class SyncSignal(Record):
     sha256: str = ""
     nbytes: int = 0
     source: str = ""
+    state: str = ""
     created_at: int = field(default_factory=now_ms)
 
     @property

@@ -1,9 +1,33 @@
 """Configuration: one frozen pydantic model per component, composed by RunConfig."""
 from .base import Section
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicConfig, TopicsConfig
+from .roles import (
+    AlgorithmConfig,
+    EvalTaskset,
+    ExplorerConfig,
+    ModelConfig,
+    MonitorConfig,
+    OverRolloutConfig,
+    RolloutConfig,
+    SamplingConfig,
+    SelectorConfig,
+    TrainerConfig,
+    WeightSyncConfig,
+)
 from .run import TOPIC_NAMES, RunConfig, env_overrides, load_config
 
 __all__ = [
+    "AlgorithmConfig",
+    "EvalTaskset",
+    "ExplorerConfig",
+    "ModelConfig",
+    "MonitorConfig",
+    "OverRolloutConfig",
+    "RolloutConfig",
+    "SamplingConfig",
+    "SelectorConfig",
+    "TrainerConfig",
+    "WeightSyncConfig",
     "Section",
     "EmbeddedBrokerConfig",
     "KafkaConfig",

@@ -6,11 +6,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from ..errors import ConfigError
 from .base import Section, explain
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
+from .roles import ExplorerConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
 
 ENV_PREFIX = "STREAMRFT_"
 TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
@@ -23,6 +24,11 @@ class RunConfig(Section):
     schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
     topics: TopicsConfig = TopicsConfig()
     broker: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
+    model: ModelConfig = ModelConfig()
+    explorer: ExplorerConfig = ExplorerConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    monitor: MonitorConfig = MonitorConfig()
 
     model_config = Section.model_config | {"populate_by_name": True}
 
@@ -32,6 +38,40 @@ class RunConfig(Section):
         if value is not None and not all(c.isalnum() or c in "._-" for c in value):
             raise ValueError("topic_prefix may only contain letters, digits, '.', '_' and '-'")
         return value
+
+    @model_validator(mode="after")
+    def _roles_agree(self) -> "RunConfig":
+        explorer, trainer = self.explorer, self.trainer
+        if trainer.train_batch_size is not None and trainer.train_batch_size % explorer.repeat_times:
+            raise ValueError(
+                f"trainer.train_batch_size ({trainer.train_batch_size}) must be a multiple of "
+                f"explorer.repeat_times ({explorer.repeat_times}): the trainer takes whole groups"
+            )
+        if explorer.eval_interval is not None and not explorer.eval_tasksets:
+            raise ValueError("explorer.eval_interval is set but explorer.eval_tasksets is empty; add a taskset "
+                             "or remove eval_interval")
+        return self
+
+    @property
+    def train_batch_size(self) -> int:
+        """Experiences per trainer step (whole groups)."""
+        return self.trainer.train_batch_size or self.explorer.batch_size * self.explorer.repeat_times
+
+    @property
+    def groups_per_train_step(self) -> int:
+        return self.train_batch_size // self.explorer.repeat_times
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.trainer.checkpoint_dir.format(name=self.name))
+
+    @property
+    def weights_url(self) -> str:
+        return self.trainer.weights.url or (self.checkpoint_dir.parent / "weights").resolve().as_uri()
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.monitor.output_dir.format(name=self.name))
 
     @property
     def topic_prefix(self) -> str:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import uuid
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ..schemas import Record
 from ..config import RunConfig
-from .admin import describe_run, ensure_topics, group_lag, run_topics
+from .admin import describe_run, ensure_topics, group_lag, run_topics, watermarks
 from .consumer import Delivered, RecordConsumer
 from .dlq import DeadLetter, dead_letter, dlq_topic_of
 from .producer import DeliveryError, RecordProducer
@@ -37,17 +37,18 @@ class KafkaClients:
         self._admin: AdminClient | None = None
         self._probe: Consumer | None = None
 
-    def producer(self, transactional_id: str | None = None, client_id: str = "streamrft") -> RecordProducer:
-        return RecordProducer(producer_props(self.config.kafka, self.bootstrap, transactional_id, client_id),
-                              self.serde)
+    def producer(self, transactional_id: str | None = None, client_id: str = "streamrft",
+                 extra: dict | None = None) -> RecordProducer:
+        props = producer_props(self.config.kafka, self.bootstrap, transactional_id, client_id) | (extra or {})
+        return RecordProducer(props, self.serde)
 
     def consumer(self, topics: list[str], record_type: type[Record], group: str, *, client_id: str = "streamrft",
                  read_committed: bool = True, subscribe: bool = True, auto_offset_reset: str = "earliest",
-                 dead_letters: bool = True) -> RecordConsumer:
+                 dead_letters: bool = True, extra: dict | None = None) -> RecordConsumer:
         """A consumer of ``record_type`` in consumer group ``group``; undecodable records go to ``<topic>.dlq``
         through a producer of its own."""
         props = consumer_props(self.config.kafka, self.bootstrap, group, client_id, read_committed,
-                               auto_offset_reset)
+                               auto_offset_reset) | (extra or {})
         dlq = self.producer(client_id=f"{client_id}-dlq") if dead_letters else None
         return RecordConsumer(props, self.serde, topics, record_type, dlq, subscribe)
 
@@ -63,6 +64,14 @@ class KafkaClients:
                                    f"probe-{os.getpid()}")
             self._probe = Consumer(props)
         return self._probe
+
+    def offsets(self, topic: str, which: str = "end") -> dict[tuple[str, int], int]:
+        """First (``which="start"``) or next-to-be-written (``"end"``) offset of every partition of ``topic``."""
+        metadata = self.admin().list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            raise KeyError(f"topic {topic} does not exist; create the run's topics first (streamrft topics --create)")
+        index = 0 if which == "start" else 1
+        return {(topic, p): watermarks(self.probe(), TopicPartition(topic, p))[index] for p in metadata.partitions}
 
     def ensure_topics(self) -> list[str]:
         return ensure_topics(self.admin(), run_topics(self.config))

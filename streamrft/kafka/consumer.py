@@ -48,6 +48,8 @@ class RecordConsumer(Generic[R]):
         # (topic, partition) -> next offset to commit, for everything handed out (decoded or dead-lettered)
         self._pending: dict[tuple[str, int], int] = {}
         self.dead_lettered = 0
+        # partitions whose end was reached (needs enable.partition.eof); cleared when a record arrives
+        self.at_eof: set[tuple[str, int]] = set()
         if subscribe:
             self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
@@ -60,6 +62,7 @@ class RecordConsumer(Generic[R]):
         logger.info("%s revoked %s", self.group_id, _describe(partitions))
         for tp in partitions:
             self._pending.pop((tp.topic, tp.partition), None)
+            self.at_eof.discard((tp.topic, tp.partition))
 
     # -- reading --------------------------------------------------------------------------------------------
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Delivered[R]]:
@@ -70,9 +73,12 @@ class RecordConsumer(Generic[R]):
         for msg in messages:
             error = msg.error()
             if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    self.at_eof.add((msg.topic(), msg.partition()))
                 self._handle_error(error)
                 continue
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            self.at_eof.discard((topic, partition))
             try:
                 record = self.serde.decode(msg.value(), topic, self.record_type)
             except DecodeError as exc:
@@ -130,6 +136,30 @@ class RecordConsumer(Generic[R]):
         for tp in self._consumer.committed(assignment, timeout=timeout):
             offset = tp.offset if tp.offset != OFFSET_INVALID else OFFSET_BEGINNING
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+
+    def assign(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Group-less reading from explicit positions (which also become the pending positions)."""
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
+        self._pending = dict(offsets)
+        self.at_eof.clear()
+
+    def positions(self) -> dict[tuple[str, int], int]:
+        """Next offset per partition for everything handed out so far (or as assigned)."""
+        return dict(self._pending)
+
+    def rewind_to_start(self, timeout: float = 10.0) -> None:
+        """Seek every assigned partition to its first offset (a new epoch over the topic); the start becomes
+        the pending position, so a commit now records the rewind."""
+        for tp in self._consumer.assignment():
+            low, _ = self._consumer.get_watermark_offsets(tp, timeout=timeout)
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, low))
+            self._pending[(tp.topic, tp.partition)] = low
+        self.at_eof.clear()
+
+    def at_end(self) -> bool:
+        """True when every assigned partition has reported its end (enable.partition.eof)."""
+        assignment = self._consumer.assignment()
+        return bool(assignment) and all((tp.topic, tp.partition) in self.at_eof for tp in assignment)
 
     # -- flow control ---------------------------------------------------------------------------------------
     def pause(self) -> None:

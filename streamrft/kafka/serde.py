@@ -71,7 +71,7 @@ class Serde:
             conf = {"url": self.registry.url}
             if self.registry.basic_auth_user_info is not None:
                 conf["basic.auth.user.info"] = self.registry.basic_auth_user_info.get_secret_value()
-            self._client = SchemaRegistryClient(conf)
+            self._client = SchemaRegistryClient.new_client(conf)  # mock:// URLs get the in-process registry
         return self._client
 
     def _serializer(self, name: str):

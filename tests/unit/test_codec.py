@@ -61,7 +61,7 @@ requests = st.builds(RolloutRequest, request_id=text, batch_id=long, kind=st.sam
 experiences = st.builds(
     Experience, eid=text, group_id=text, task_id=text, batch_id=long, kind=st.sampled_from(RolloutKind),
     run_index=int32, model_version=long, tokens=arrays_i32, prompt_length=int32, logprobs=arrays_f32,
-    reward=double, action_mask=st.none() | st.lists(st.integers(0, 1), max_size=64).map(pack_u8),
+    reward=double, group_size=int32, action_mask=st.none() | st.lists(st.integers(0, 1), max_size=64).map(pack_u8),
     token_rewards=st.none() | arrays_f32, truncated=st.booleans(), prompt_text=text, response_text=text,
     metrics=st.dictionaries(text, double, max_size=4), info=st.dictionaries(text, text, max_size=4),
     worker_id=text, created_at=millis,
@@ -73,7 +73,7 @@ results = st.builds(
     error=st.none() | text, worker_id=text, created_at=millis,
 )
 signals = st.builds(SyncSignal, kind=st.sampled_from(SyncKind), version=long, trainer_step=long,
-                    method=st.sampled_from(SyncMethod), uri=text, sha256=text, nbytes=long, source=text,
+                    method=st.sampled_from(SyncMethod), uri=text, sha256=text, nbytes=long, source=text, state=text,
                     created_at=millis)
 metrics = st.builds(Metric, source=text, role=text, name=text, value=double, step=long,
                     tags=st.dictionaries(text, text, max_size=4), created_at=millis)

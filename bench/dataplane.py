@@ -1,0 +1,142 @@
+"""Data-plane benchmark: what the record layer costs over raw Kafka, in the same run on the same broker.
+
+(a) baseline: raw confluent-kafka produce + consume of opaque bytes of the same size as (b)'s records;
+(b) streamrft: Experience records (1,024 prompt+response tokens, 1,024 logprobs) encoded, produced through the
+    client layer (idempotent producer, delivery checks), consumed read_committed through the client layer and
+    decoded to numpy arrays.
+
+Prints records/s and MB/s of each, the ratio b/a (goal >= 0.8), and encode/decode microseconds per record.
+Usage: python bench/dataplane.py [--records 20000] [--rounds 3] [--bootstrap HOST:PORT]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import uuid
+
+import numpy as np
+from confluent_kafka import Consumer, Producer
+from rich.console import Console
+from rich.table import Table
+
+from streamrft.broker import kafka_for
+from streamrft.config import TopicConfig, load_config
+from streamrft.kafka import KafkaClients
+from streamrft.kafka.admin import ensure_topics
+from streamrft.kafka.props import consumer_props, producer_props
+from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, pack_f32, pack_i32
+
+console = Console()
+TOKENS = 1024
+
+
+def make_experience(i: int) -> Experience:
+    rng = np.random.default_rng(i)
+    return Experience(eid=f"req-{i}/0", group_id=f"req-{i}", task_id=f"task-{i}", batch_id=i // 64,
+                      kind=RolloutKind.TRAIN, run_index=0, model_version=1,
+                      tokens=pack_i32(rng.integers(0, 49152, TOKENS, dtype=np.int32)), prompt_length=0,
+                      logprobs=pack_f32(rng.standard_normal(TOKENS).astype(np.float32)), reward=1.0,
+                      response_text="x" * 64)
+
+
+def raw_round(config, bootstrap: str, topic: str, payload: bytes, n: int) -> float:
+    producer = Producer({k: v for k, v in producer_props(config.kafka, bootstrap).items() if k != "logger"})
+    consumer = Consumer({k: v for k, v in consumer_props(config.kafka, bootstrap, f"raw-{uuid.uuid4().hex}").items()
+                         if k != "logger"})
+    consumer.subscribe([topic])
+    start = time.perf_counter()
+    for i in range(n):
+        while True:
+            try:
+                producer.produce(topic, payload, key=f"req-{i}".encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    producer.flush()
+    got = 0
+    while got < n:
+        for msg in consumer.consume(500, 1.0):
+            if msg.error() is None:
+                _ = msg.value()
+                got += 1
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    return elapsed
+
+
+def streamrft_round(clients: KafkaClients, topic: str, records: list[Experience], group: str) -> float:
+    producer = clients.producer()
+    consumer = clients.consumer([topic], Experience, group)
+    start = time.perf_counter()
+    for record in records:
+        producer.produce(topic, record)
+    producer.flush()
+    got = 0
+    checksum = 0
+    while got < len(records):
+        for item in consumer.poll(500, 1.0):
+            checksum += int(item.record.token_array[0]) + int(item.record.logprob_array.size)
+            got += 1
+    elapsed = time.perf_counter() - start
+    consumer.close()
+    assert checksum > 0
+    return elapsed
+
+
+def codec_costs(records: list[Experience]) -> tuple[float, float]:
+    codec = SingleObjectCodec()
+    start = time.perf_counter()
+    encoded = [codec.encode(r) for r in records]
+    encode_us = (time.perf_counter() - start) / len(records) * 1e6
+    start = time.perf_counter()
+    for data in encoded:
+        record = codec.decode(data, Experience)
+        record.token_array, record.logprob_array
+    decode_us = (time.perf_counter() - start) / len(records) * 1e6
+    return encode_us, decode_us
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--bootstrap", default="", help="existing cluster (default: the embedded broker)")
+    args = parser.parse_args()
+
+    config = load_config(overrides={"name": f"bench{uuid.uuid4().hex[:6]}",
+                                    "kafka": {"bootstrap_servers": args.bootstrap}})
+    records = [make_experience(i) for i in range(args.records)]
+    payload_size = len(SingleObjectCodec().encode(records[0]))
+    payload = bytes(payload_size)
+    mb = payload_size * args.records / 1e6
+    with kafka_for(config) as bootstrap:
+        clients = KafkaClients(config, bootstrap)
+        raw_times, ours_times = [], []
+        for r in range(args.rounds):
+            topics = {f"{config.topic_prefix}raw{r}": TopicConfig(partitions=4),
+                      f"{config.topic_prefix}exp{r}": TopicConfig(partitions=4),
+                      f"{config.topic_prefix}exp{r}.dlq": TopicConfig()}
+            ensure_topics(clients.admin(), topics)
+            with console.status(f"round {r + 1}/{args.rounds}: raw bytes"):
+                raw_times.append(raw_round(config, bootstrap, f"{config.topic_prefix}raw{r}", payload, args.records))
+            with console.status(f"round {r + 1}/{args.rounds}: Experience records"):
+                ours_times.append(streamrft_round(clients, f"{config.topic_prefix}exp{r}", records,
+                                                  f"{config.name}.bench{r}"))
+        clients.close()
+    encode_us, decode_us = codec_costs(records[: min(5000, len(records))])
+
+    raw, ours = statistics.median(raw_times), statistics.median(ours_times)
+    table = Table(title=f"data plane: {args.records} records of {payload_size} B, median of {args.rounds} rounds")
+    for column in ("path", "seconds", "records/s", "MB/s"):
+        table.add_column(column, justify="right")
+    table.add_row("(a) raw confluent-kafka bytes", f"{raw:.2f}", f"{args.records / raw:,.0f}", f"{mb / raw:.1f}")
+    table.add_row("(b) streamrft Experience", f"{ours:.2f}", f"{args.records / ours:,.0f}", f"{mb / ours:.1f}")
+    console.print(table)
+    console.print(f"ratio b/a (throughput): [bold]{raw / ours:.2f}[/] (goal >= 0.8)")
+    console.print(f"encode {encode_us:.1f} µs/record, decode to arrays {decode_us:.1f} µs/record")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""The explorer: decides what to roll out and when.
+
+Each step, read as numbered steps in ``run``:
+1. wait until the staleness bound and the trainer's backlog allow the step (``streamrft.pacing``);
+2. take ``batch_size`` tasks from the current block of ``tasks`` (reading and ordering a new block if needed);
+3. in ONE transaction: a RolloutRequest per task, the explorer's state record on ``sync`` and the ``tasks``
+   offsets — so a task is either still in the topic, in the state record, or published, never lost or doubled;
+4. finish the step from ``results`` (over-rollout may cancel stragglers), then, in one transaction, publish the
+   step's metrics and mark the step finished in the state record;
+5. every ``eval_interval`` steps, roll out the eval tasksets (kind EVAL, no training experiences).
+
+Its whole state lives in topics: the state record on ``sync`` (compacted) and the committed ``tasks`` offsets.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from ..config import EvalTaskset, RunConfig
+from ..kafka import KafkaClients, RecordProducer, Transactor
+from ..lifecycle import StopSignal
+from ..pacing import lag_allows, may_publish, required_version
+from ..producers.task_files import FieldMapping, read_tasks
+from ..rollout_stats import eval_metrics, step_metrics
+from ..schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
+from ..selection import Selector
+from ..sync import ExplorerState, SyncView
+from ..telemetry import MetricsPublisher, serve_prometheus
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+
+@dataclass
+class Outstanding:
+    """Requests of one step (or one eval round) and the results collected for them."""
+
+    step: int
+    requests: dict[str, RolloutRequest]
+    results: dict[str, RolloutResult] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def missing(self) -> list[str]:
+        return [rid for rid in self.requests if rid not in self.results]
+
+
+class Explorer:
+    def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, source: str = "explorer"):
+        self.config = config
+        self.settings = config.explorer
+        self.clients = clients
+        self.stop = stop
+        self.source = source
+        self.tasks = clients.consumer([config.topic("tasks")], Task, config.group("explorer"), client_id=source,
+                                      extra={"enable.partition.eof": True})
+        self.results = clients.consumer([config.topic("results")], RolloutResult, config.group("explorer"),
+                                        client_id=f"{source}-results", subscribe=False)
+        self.producer = clients.producer(transactional_id=f"{config.name}.explorer", client_id=source)
+        self.transactor = Transactor(self.producer, self.tasks)
+        self.sync = SyncView(clients, client_id=f"{source}-sync")
+        self.metrics = MetricsPublisher(self.producer, config.topic("metrics"), source, "explorer")
+        self.selector = Selector(self.settings.selector.kind, self.settings.selector.seed)
+        self.state = ExplorerState()
+        self._rollout_partitions = len(clients.offsets(config.topic("rollouts")))
+        self._next_partition = 0
+        self._prometheus()
+
+    def _prometheus(self) -> None:
+        self.registry = CollectorRegistry()
+        self.g_step = Gauge("streamrft_explorer_step", "next explorer step", registry=self.registry)
+        self.g_version = Gauge("streamrft_explorer_model_version", "latest published weights version",
+                               registry=self.registry)
+        self.g_waiting = Gauge("streamrft_explorer_waiting", "1 while held back by staleness or trainer lag",
+                               registry=self.registry)
+        self.c_results = Counter("streamrft_explorer_results", "rollout results by status", ["status"],
+                                 registry=self.registry)
+        serve_prometheus(self.settings.metrics_port, self.registry)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self) -> ExplorerState:
+        self.sync.catch_up()
+        self.state = self.sync.explorer
+        self._start_results_reader()
+        if self.settings.selector.kind == "difficulty":
+            self._replay_results_for_selector()
+        if self.state.done:
+            logger.info("explorer: the run is already complete (step %d); nothing to do", self.state.next_step)
+            return self.state
+        if self.state.awaiting is not None:
+            logger.info("explorer: resuming; finishing step %d first", self.state.awaiting["step"])
+            self._finish_step(self._outstanding_from_state())
+        logger.info("explorer: starting at step %d, epoch %d", self.state.next_step, self.state.epoch)
+        while not self.stop.requested:
+            step = self.state.next_step
+            if self.settings.total_steps is not None and step >= self.settings.total_steps:
+                break
+            if not self._wait_until_allowed(step):  # 1.
+                break
+            batch = self._take_batch()  # 2.
+            if not batch:
+                break  # epochs exhausted
+            outstanding = self._publish_step(step, batch)  # 3.
+            self._finish_step(outstanding)  # 4.
+            if self._eval_due(step):  # 5.
+                self._evaluate(step)
+        if not self.stop.requested:
+            self._mark_done()
+        return self.state
+
+    # 1. pacing ------------------------------------------------------------------------------------------
+    def _wait_until_allowed(self, step: int) -> bool:
+        s = self.settings
+        per_step = s.batch_size * s.repeat_times
+        logged = False
+        while not self.stop.requested:
+            self.sync.poll(0)
+            version = self.sync.version
+            self.g_version.set(version)
+            ahead_ok = may_publish(step, version, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
+            lag = self.clients.lag(self.config.group("trainer"), self.config.topic("experiences")) if ahead_ok else 0
+            if ahead_ok and lag_allows(lag, s.max_buffered_batches, per_step):
+                self.g_waiting.set(0)
+                return True
+            self.g_waiting.set(1)
+            if not logged:
+                need = required_version(step, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
+                logger.info("explorer: step %d waits (%s)", step,
+                            f"weights v{version} < v{need}" if not ahead_ok else f"trainer lag {lag} experiences")
+                logged = True
+            self.sync.poll(POLL_S)
+        return False
+
+    # 2. tasks -------------------------------------------------------------------------------------------
+    def _take_batch(self) -> list[Task]:
+        if not self.state.pending:
+            self._read_block()
+        batch = [Task.from_dict(t) for t in self.state.pending[: self.settings.batch_size]]
+        self.state.pending = self.state.pending[self.settings.batch_size:]
+        return batch
+
+    def _read_block(self) -> None:
+        """Fill the state's pending list with the next block of tasks, in the selector's order."""
+        s = self.settings
+        want = s.batch_size * s.selector.block_steps
+        block: list[Task] = []
+        idle_since = time.monotonic()
+        while len(block) < want and not self.stop.requested:
+            items = self.tasks.poll(max_records=want - len(block), timeout=POLL_S)
+            block += [item.record for item in items]
+            if items:
+                idle_since = time.monotonic()
+                continue
+            if not self.tasks.at_end():
+                continue  # still fetching
+            if s.total_epochs is None:  # streaming: wait for injected tasks; roll out a partial block when idle
+                if block and time.monotonic() - idle_since > s.idle_wait_s:
+                    break
+                continue
+            if self.state.epoch + 1 >= s.total_epochs:
+                break  # the last epoch is exhausted (a partial block, or none)
+            self.state.epoch += 1
+            logger.info("explorer: end of tasks; epoch %d starts", self.state.epoch)
+            self.tasks.rewind_to_start()
+        ordered = self.selector.order(block, self.state.epoch, self.state.next_step // s.selector.block_steps)
+        self.state.pending = [t.to_dict() for t in ordered]
+
+    # 3. publish -----------------------------------------------------------------------------------------
+    def _publish_step(self, step: int, batch: list[Task]) -> Outstanding:
+        s = self.settings
+        min_version = self._min_model_version(step)
+        requests = {}
+        for task in batch:
+            request = RolloutRequest(request_id=f"s{step}-{task.task_id}-e{self.state.epoch}", batch_id=step,
+                                     kind=RolloutKind.TRAIN, task=task,
+                                     repeat_times=task.repeat_times or s.repeat_times,
+                                     min_model_version=min_version)
+            requests[request.request_id] = request
+        self.state.next_step = step + 1
+        self.state.awaiting = {"step": step, "requests": list(requests),
+                               "results_offsets": {str(p): o for (_, p), o in self.results.positions().items()}}
+
+        def produce(producer: RecordProducer) -> None:
+            self._produce_requests(producer, requests.values())
+            self._produce_state(producer)
+
+        self._commit_or_fail(produce, f"publishing step {step}")
+        self.g_step.set(self.state.next_step)
+        logger.info("explorer: step %d published: %d tasks (epoch %d, weights >= v%d)", step, len(requests),
+                    self.state.epoch, min_version)
+        return Outstanding(step, requests)
+
+    def _min_model_version(self, step: int) -> int:
+        s = self.settings
+        if s.sync_style == "trainer_driven":
+            return self.sync.version  # workers catch up to what the explorer has seen, no further
+        return required_version(step, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
+
+    # 4. finish ------------------------------------------------------------------------------------------
+    def _finish_step(self, outstanding: Outstanding) -> None:
+        s = self.settings
+        self._collect(outstanding, minimum=s.min_results, grace_s=s.over_rollout.wait_after_min_s)
+        missing = outstanding.missing
+        timed_out = time.monotonic() - outstanding.started >= s.step_timeout_s
+        if missing and not self.stop.requested:
+            status = RolloutStatus.TIMEOUT if timed_out else RolloutStatus.CANCELLED
+            logger.info("explorer: step %d finishes with %d of %d results; %d %s", outstanding.step,
+                        len(outstanding.results), len(outstanding.requests), len(missing), status.value.lower())
+            for rid in missing:
+                request = outstanding.requests.get(rid)
+                outstanding.results[rid] = RolloutResult(
+                    request_id=rid, batch_id=outstanding.step, task_id=request.task.task_id if request else "",
+                    status=status, n=0, model_version=self.sync.version, duration_ms=0, worker_id=self.source)
+        if self.stop.requested and missing:
+            return  # the step stays `awaiting` in the state record; a restart finishes it
+        results = list(outstanding.results.values())
+        for result in results:
+            self.c_results.labels(result.status.value).inc()
+            self.selector.observe(result)
+        metrics = step_metrics(results, outstanding.step, self.sync.version, len(outstanding.requests))
+        metrics["time/step_s"] = time.monotonic() - outstanding.started
+        self.state.awaiting = None
+        self.state.finished_step = outstanding.step
+
+        def produce(producer: RecordProducer) -> None:
+            if missing:
+                producer.produce(self.config.topic("sync"), SyncSignal(kind=SyncKind.CANCEL_STEP,
+                                                                       version=outstanding.step, source=self.source))
+            self.metrics.publish(outstanding.step, metrics)
+            self._produce_state(producer)
+
+        self._commit_or_fail(produce, f"finishing step {outstanding.step}")
+        logger.info("explorer: step %d done in %.1fs: reward %.3f, accuracy %.3f, %d ok / %d, weights v%d",
+                    outstanding.step, metrics["time/step_s"], metrics.get("rollout/reward_mean", float("nan")),
+                    metrics.get("rollout/accuracy", float("nan")), int(metrics["rollout/ok"]),
+                    len(outstanding.requests), self.sync.version)
+
+    def _collect(self, outstanding: Outstanding, minimum: int, grace_s: float) -> None:
+        """Read results until every request has one, or ``minimum`` have arrived and ``grace_s`` passed, or
+        the step times out, or a stop is requested."""
+        reached_min_at = None
+        while outstanding.missing and not self.stop.requested:
+            for item in self.results.poll(max_records=500, timeout=POLL_S):
+                result = item.record
+                if result.request_id in outstanding.requests:
+                    outstanding.results[result.request_id] = result
+                else:  # a straggler of a step that was already finished (over-rollout / timeout)
+                    logger.debug("explorer: late result %s of step %d ignored", result.request_id, result.batch_id)
+            self.sync.poll(0)
+            now = time.monotonic()
+            if now - outstanding.started >= self.settings.step_timeout_s:
+                return
+            if len(outstanding.results) >= minimum:
+                reached_min_at = reached_min_at or now
+                if now - reached_min_at >= grace_s and len(outstanding.results) < len(outstanding.requests):
+                    return
+
+    def _outstanding_from_state(self) -> Outstanding:
+        awaiting = self.state.awaiting
+        # Requests themselves are not needed to finish: results carry task ids.
+        requests = {rid: None for rid in awaiting["requests"]}
+        return Outstanding(awaiting["step"], requests)  # type: ignore[arg-type]
+
+    def _start_results_reader(self) -> None:
+        """Read ``results`` from where the awaited step's results begin, or from now."""
+        offsets = self.clients.offsets(self.config.topic("results"), "end")
+        saved = (self.state.awaiting or {}).get("results_offsets", {})
+        for (topic, partition) in offsets:
+            if str(partition) in saved:
+                offsets[(topic, partition)] = int(saved[str(partition)])
+        self.results.assign(offsets)
+
+    def _replay_results_for_selector(self) -> None:
+        from ..kafka.reader import read_topic
+
+        topic = self.config.topic("results")
+        count = 0
+        for raw in read_topic(self.config.kafka, self.clients.bootstrap, topic, idle_timeout=1.0):
+            try:
+                self.selector.observe(self.clients.serde.decode(raw.value, topic, RolloutResult))
+                count += 1
+            except Exception:  # undecodable history is the DLQ's business, not the selector's
+                continue
+        logger.info("explorer: difficulty selector rebuilt from %d past results", count)
+
+    # 5. eval --------------------------------------------------------------------------------------------
+    def _eval_due(self, step: int) -> bool:
+        interval = self.settings.eval_interval
+        return interval is not None and (step + 1) % interval == 0 and not self.stop.requested
+
+    def _evaluate(self, step: int) -> None:
+        for taskset in self.settings.eval_tasksets:
+            tasks = load_eval_tasks(taskset)
+            requests = {}
+            for task in tasks:
+                request = RolloutRequest(request_id=f"eval-{taskset.name}-s{step}-{task.task_id}", batch_id=step,
+                                         kind=RolloutKind.EVAL, task=task, repeat_times=taskset.repeat_times,
+                                         min_model_version=self.sync.version)
+                requests[request.request_id] = request
+            self._commit_or_fail(lambda p, r=requests: self._produce_requests(p, r.values()),
+                                 f"publishing eval {taskset.name}")
+            outstanding = Outstanding(step, requests)
+            self._collect(outstanding, minimum=len(requests), grace_s=0)
+            metrics = eval_metrics(taskset.name, list(outstanding.results.values()), taskset.repeat_times)
+            self._commit_or_fail(lambda p, m=metrics: self.metrics.publish(step, m), "publishing eval metrics")
+            logger.info("explorer: eval %s after step %d: %s", taskset.name, step,
+                        ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items()))
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def _produce_requests(self, producer: RecordProducer, requests) -> None:
+        """Round-robin over the partitions (rather than by key hash) so every worker gets an even share."""
+        topic = self.config.topic("rollouts")
+        for request in requests:
+            producer.produce(topic, request, partition=self._next_partition % self._rollout_partitions)
+            self._next_partition += 1
+
+    def _produce_state(self, producer: RecordProducer) -> None:
+        producer.produce(self.config.topic("sync"), SyncSignal(
+            kind=SyncKind.EXPLORER_STATE, version=self.state.next_step, source=self.source,
+            state=self.state.to_json()))
+
+    def _commit_or_fail(self, produce, what: str) -> None:
+        if not self.transactor.run(produce):
+            # An abortable error rewound the tasks consumer; our in-memory state is ahead of the topics.
+            raise RuntimeError(f"explorer: transaction aborted while {what}; restart the explorer to resume "
+                               "from the state in the topics")
+
+    def _mark_done(self) -> None:
+        self.state.done = True
+        self._commit_or_fail(self._produce_state, "marking the run done")
+        logger.info("explorer: done after %d steps", self.state.next_step)
+
+    def close(self) -> None:
+        for closer in (self.tasks.close, self.results.close, self.sync.close):
+            try:
+                closer()
+            except Exception:  # closing is best-effort; the broker times out members anyway
+                logger.debug("close failed", exc_info=True)
+
+
+def load_eval_tasks(taskset: EvalTaskset) -> list[Task]:
+    mapping = FieldMapping(prompt_key=taskset.prompt_key, answer_key=taskset.answer_key, workflow=taskset.workflow,
+                           taskset=taskset.name)
+    tasks = [t for t in read_tasks(taskset.path, mapping) if isinstance(t, Task)]
+    return tasks[: taskset.max_tasks] if taskset.max_tasks else tasks

@@ -1,0 +1,225 @@
+"""A rollout worker: one member of the ``<run>.rollout`` consumer group. Start more anywhere to scale out.
+
+For each RolloutRequest, read as numbered steps in ``_handle``:
+1. skip it as CANCELLED if the explorer already cancelled its step (over-rollout);
+2. make sure the engine serves at least ``min_model_version`` (verified swap from object storage);
+3. run the workflow ``repeat_times`` times (the engine batches the samples);
+4. in ONE transaction: the Experiences (keyed by group_id), the RolloutResult, the worker's metrics and the
+   consumed offset — a worker killed mid-request leaves nothing visible, and the request is redelivered.
+
+A workflow or reward that raises gives a FAILED result plus a dead letter with the traceback; the worker goes on.
+Between requests the worker follows ``sync`` and swaps to newly published weights when its sync style says so.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import statistics
+import time
+import uuid
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from ..config import RunConfig
+from ..engines.inference import InferenceEngine, SamplingParams, create_engine
+from ..engines.weights.errors import WeightIntegrityError
+from ..engines.weights.object_store import load_weights
+from ..engines.workflows.base import WorkflowError, WorkflowSample, run_workflow
+from ..kafka import KafkaClients, RecordProducer, Transactor, dead_letter
+from ..kafka.consumer import Delivered
+from ..lifecycle import StopSignal
+from ..schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncSignal
+from ..sync import SyncView
+from ..telemetry import MetricsPublisher, serve_prometheus
+from .model_paths import resolve_model_path
+
+logger = logging.getLogger(__name__)
+
+
+def default_worker_id() -> str:
+    return f"rollout-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+def build_engine(config: RunConfig) -> InferenceEngine:
+    settings = config.rollout
+    if settings.engine == "fake":
+        return create_engine("fake", latency_s=settings.fake_latency_s)
+    kwargs = {"max_batch_size": settings.max_batch_size, "dtype": config.model.dtype}
+    if settings.device != "auto":
+        kwargs["device"] = settings.device
+    return create_engine(settings.engine, resolve_model_path(config.model.path), **kwargs)
+
+
+class RolloutWorker:
+    def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, worker_id: str | None = None,
+                 engine: InferenceEngine | None = None):
+        self.config = config
+        self.settings = config.rollout
+        self.stop = stop
+        self.worker_id = worker_id or default_worker_id()
+        self.clients = clients
+        self.engine = engine or build_engine(config)
+        self.sampling = SamplingParams(temperature=self.settings.sampling.temperature,
+                                       top_p=self.settings.sampling.top_p, top_k=self.settings.sampling.top_k,
+                                       max_tokens=self.settings.sampling.max_tokens)
+        self.consumer = clients.consumer([config.topic("rollouts")], RolloutRequest, config.group("rollout"),
+                                         client_id=self.worker_id,
+                                         # Prefetch little: requests left in a worker's queue wait for it.
+                                         extra={"queued.max.messages.kbytes": 256, "fetch.max.bytes": 1 << 20})
+        self.producer = clients.producer(
+            transactional_id=f"{config.name}.{self.worker_id}", client_id=self.worker_id,
+            # A killed worker's open transaction blocks read_committed readers until it times out.
+            extra={"transaction.timeout.ms": self.settings.transaction_timeout_ms})
+        self.transactor = Transactor(self.producer, self.consumer)
+        self.sync = SyncView(clients, client_id=f"{self.worker_id}-sync")
+        self.metrics = MetricsPublisher(self.producer, config.topic("metrics"), self.worker_id, "rollout")
+        self._refused_versions: set[int] = set()
+        self.handled = 0
+        self._prometheus()
+
+    def _prometheus(self) -> None:
+        self.registry = CollectorRegistry()
+        self.c_requests = Counter("streamrft_rollout_requests", "requests handled, by status", ["status"],
+                                  registry=self.registry)
+        self.c_tokens = Counter("streamrft_rollout_generated_tokens", "response tokens generated",
+                                registry=self.registry)
+        self.c_busy = Counter("streamrft_rollout_busy_seconds", "seconds spent handling requests",
+                              registry=self.registry)
+        self.g_version = Gauge("streamrft_rollout_model_version", "weights version loaded", registry=self.registry)
+        serve_prometheus(self.settings.metrics_port, self.registry)
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def run(self, max_requests: int | None = None) -> int:
+        self.sync.catch_up()
+        self._swap_to_latest()
+        logger.info("%s: ready (engine %s, weights v%d)", self.worker_id, self.engine.kind, self.engine.version)
+        while not self.stop.requested and (max_requests is None or self.handled < max_requests):
+            items = self.consumer.poll(max_records=1, timeout=0.5)
+            self.sync.poll(0)
+            if self.config.explorer.sync_style == "fully_async":
+                self._swap_to_latest()
+            for item in items:
+                self.consumer.pause()  # nothing more is fetched for us while the engine is busy
+                try:
+                    self._handle(item)
+                finally:
+                    self.consumer.resume()
+        return self.handled
+
+    def _handle(self, item: Delivered[RolloutRequest]) -> None:
+        request = item.record
+        started = time.monotonic()
+        if request.kind == RolloutKind.TRAIN and request.batch_id <= self.sync.cancelled_step:  # 1.
+            outcome = self._cancelled(request)
+        else:
+            self._ensure_version(request.min_model_version)  # 2.
+            outcome = self._rollout(item)  # 3.
+        result = outcome[1]
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+
+        def produce(producer: RecordProducer) -> None:  # 4.
+            experiences, result, letter = outcome
+            for experience in experiences:
+                producer.produce(self.config.topic("experiences"), experience)
+            producer.produce(self.config.topic("results"), result)
+            if letter is not None:
+                producer.send_dead_letter(letter)
+            self.metrics.publish(request.batch_id, {"rollout_worker/duration_ms": result.duration_ms,
+                                                    "rollout_worker/samples": len(experiences)},
+                                 tags={"kind": request.kind.value})
+
+        if self.transactor.run(produce):
+            self.handled += 1
+            self.c_requests.labels(result.status.value).inc()
+            self.c_busy.inc(time.monotonic() - started)
+            logger.info("%s: %s %s (step %d) -> %s, reward %.2f, %.1fs", self.worker_id, request.kind.value.lower(),
+                        request.request_id, request.batch_id, result.status.value, result.reward_mean,
+                        result.duration_ms / 1000)
+
+    def _rollout(self, item: Delivered[RolloutRequest]):
+        request = item.record
+        try:
+            samples = run_workflow(request.task, self.engine, request.repeat_times, self.sampling)
+        except WorkflowError as exc:
+            logger.warning("%s: request %s at %s failed: %s", self.worker_id, request.request_id, item.where, exc)
+            error = f"{exc}\n{exc.cause_traceback}"
+            letter = dead_letter(topic=item.topic, partition=item.partition, offset=item.offset,
+                                 key=(item.key or "").encode(), value=self.clients.serde.encode(request, item.topic),
+                                 error=error, reason="workflow-error", stage="process", group=self.consumer.group_id)
+            return [], self._result(request, RolloutStatus.FAILED, [], error=error), letter
+        self.c_tokens.inc(sum(s.response_length for s in samples))
+        experiences = []
+        if request.kind == RolloutKind.TRAIN:  # eval rollouts produce results and metrics only
+            experiences = [
+                sample.to_experience(eid=f"{request.request_id}/{index}", group_id=request.request_id,
+                                     task_id=request.task.task_id, batch_id=request.batch_id, kind=request.kind,
+                                     run_index=index, worker_id=self.worker_id, model_version=self.engine.version)
+                for index, sample in enumerate(samples)
+            ]
+            for experience in experiences:
+                experience.group_size = len(samples)
+        return experiences, self._result(request, RolloutStatus.OK, samples), None
+
+    def _cancelled(self, request: RolloutRequest):
+        return [], self._result(request, RolloutStatus.CANCELLED, []), None
+
+    def _result(self, request: RolloutRequest, status: RolloutStatus, samples: list[WorkflowSample],
+                error: str | None = None) -> RolloutResult:
+        rewards = [s.reward for s in samples] or [0.0]
+        return RolloutResult(
+            request_id=request.request_id, batch_id=request.batch_id, task_id=request.task.task_id,
+            kind=request.kind, status=status, n=len(samples), model_version=self.engine.version, duration_ms=0,
+            reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
+            reward_min=min(rewards), reward_max=max(rewards),
+            accuracy=statistics.fmean([float(s.correct) for s in samples]) if samples else 0.0,
+            response_length_mean=statistics.fmean([s.response_length for s in samples]) if samples else 0.0,
+            error=error[-8000:] if error else None, worker_id=self.worker_id)
+
+    # -- weights ------------------------------------------------------------------------------------------
+    def _ensure_version(self, minimum: int) -> None:
+        """Block until the engine serves at least ``minimum`` (the explorer only asks for published ones)."""
+        waited = False
+        while self.engine.version < minimum and not self.stop.requested:
+            self.sync.poll(0.5)
+            if self.sync.version >= minimum:
+                self._swap_to_latest()
+                if self.engine.version < minimum and self.sync.version in self._refused_versions:
+                    logger.error("%s: version %d is needed but was refused; running on v%d", self.worker_id,
+                                 self.sync.version, self.engine.version)
+                    return
+            elif not waited:
+                logger.info("%s: waiting for weights v%d (have v%d)", self.worker_id, minimum, self.engine.version)
+                waited = True
+
+    def _swap_to_latest(self) -> None:
+        signal = self.sync.weights
+        if signal is None or signal.version <= self.engine.version or signal.version in self._refused_versions:
+            return
+        self.load(signal)
+
+    def load(self, signal: SyncSignal) -> bool:
+        """Verify and load published weights; a corrupted or truncated upload is refused and the old weights
+        stay. Returns whether the swap happened."""
+        started = time.monotonic()
+        try:
+            tensors = load_weights(signal.uri, signal.sha256 or None)
+        except (WeightIntegrityError, OSError, ValueError) as exc:
+            self._refused_versions.add(signal.version)
+            logger.error("%s: weights v%d from %s refused: %s; keeping v%d", self.worker_id, signal.version,
+                         signal.uri, exc, self.engine.version)
+            return False
+        self.engine.load_weights(tensors, signal.version)
+        self.g_version.set(signal.version)
+        logger.info("%s: swapped to weights v%d in %.1fs", self.worker_id, signal.version, time.monotonic() - started)
+        return True
+
+    def close(self) -> None:
+        """Leave the group at once so the partitions move to the other workers; release the engine."""
+        for closer in (self.consumer.close, self.sync.close, self.engine.close):
+            try:
+                closer()
+            except Exception:
+                logger.debug("close failed", exc_info=True)
+        logger.info("%s: stopped after %d request(s)", self.worker_id, self.handled)
+

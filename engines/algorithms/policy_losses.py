@@ -1,0 +1,104 @@
+"""Policy losses, per token. The trainer multiplies the result by importance weights, then aggregates it
+(:mod:`.aggregation`); keeping those three steps apart keeps each one a few lines.
+
+Common signature::
+
+    fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high) -> PolicyLossOutput
+
+all ``[B, R]``: ``logprobs`` of the current policy (with gradient), ``old_logprobs`` of the policy that the ratio
+is taken against (no gradient), per-token ``advantages`` and the trained-token ``mask``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .registry import Registry
+
+POLICY_LOSSES: Registry = Registry("policy loss")
+
+# exp() of a log-ratio above this overflows float32 usefulness long before it overflows the type
+MAX_LOG_RATIO = 20.0
+
+
+@dataclass(frozen=True)
+class PolicyLossOutput:
+    token_loss: torch.Tensor  # [B, R], to be weighted, masked and aggregated
+    ratio: torch.Tensor  # [B, R] importance ratio the loss used (detached)
+    clipped: torch.Tensor  # [B, R] bool: the clipped branch was active (no gradient from that token)
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> PolicyLossOutput:
+    """PPO clipped surrogate with asymmetric bounds (DAPO "clip-higher" when ``clip_high > clip_low``):
+
+    ``ρ_t = exp(logp_t − logp_old_t)``,
+    ``L_t = −min(ρ_t·A_t, clip(ρ_t, 1 − clip_low, 1 + clip_high)·A_t)``.
+
+    A token counts as clipped when the clipped branch is the smaller one and differs, i.e.
+    ``A>0 and ρ>1+clip_high`` or ``A<0 and ρ<1−clip_low``. (No dual-clip.)
+    """
+    log_ratio = (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped_obj = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    token_loss = -torch.minimum(unclipped, clipped_obj)
+    clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
+    return PolicyLossOutput(token_loss, ratio.detach(), clipped & (mask > 0))
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 3e-4,
+    clip_high: float = 4e-4,
+) -> PolicyLossOutput:
+    """GSPO (Zheng et al. 2025): one importance ratio per sequence, the geometric mean of its token ratios.
+
+    ``s_i = exp((1/|y_i|) Σ_t m_it (logp_it − logp_old_it))``; in the token form used here
+    ``s_it = sg(s_i) · exp(logp_it − sg(logp_it))`` (same value, and its gradient is that of ``s_i`` spread evenly
+    over the sequence's tokens), ``L_it = −min(s_it·A_it, clip(s_it, 1 − clip_low, 1 + clip_high)·A_it)``.
+    The paper's clip ranges are tiny (3e-4 / 4e-4) because ``s_i`` is a per-token geometric mean. Pair with the
+    ``seq-mean-token-mean`` aggregation to get the paper's sequence-level objective exactly.
+    """
+    m = mask.to(logprobs.dtype)
+    seq_log_ratio = ((logprobs - old_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1)
+    seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
+    log_ratio = seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * advantages
+    clipped_obj = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
+    token_loss = -torch.minimum(unclipped, clipped_obj)
+    clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
+    return PolicyLossOutput(token_loss, ratio.detach(), clipped & (mask > 0))
+
+
+@POLICY_LOSSES.register("sft")
+def sft(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> PolicyLossOutput:
+    """Supervised fine-tuning on the responses: ``L_t = −logp_t`` (negative log-likelihood).
+
+    Ignores ``old_logprobs`` and ``advantages``; the reported ratio is 1 and nothing is clipped.
+    """
+    ones = torch.ones_like(logprobs).detach()
+    return PolicyLossOutput(-logprobs, ones, torch.zeros_like(mask, dtype=torch.bool))

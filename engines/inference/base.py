@@ -1,0 +1,207 @@
+"""The inference-engine interface: what a rollout worker and a workflow may ask of any engine.
+
+An engine generates ``n`` samples for each of several prompts in one call (so a batching backend such as vLLM
+sees the whole batch), returns the exact token ids it sampled with one logprob per sampled token, and accepts
+new weights in place between calls.
+
+**Which logprob.** ``Completion.logprobs[i]`` is ``log_softmax(logits / T)[token_i]`` computed in fp32 from the
+model's raw logits at that position, where ``T = SamplingParams.logprob_temperature`` (the sampling temperature,
+or 1.0 for greedy decoding). top-k / top-p truncation is *not* applied: the value is the log-probability of the
+token under the temperature-scaled policy, which is what a trainer recomputes with a teacher-forced forward pass
+(``log_softmax(logits / T)`` over the same tokens) for importance ratios. Tests hold engines to that equality.
+"""
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+if TYPE_CHECKING:
+    import torch
+
+Message = Mapping[str, str]  # {"role": ..., "content": ...}
+# A prompt is either chat messages (the engine applies the model's chat template) or token ids, used as given.
+Prompt = Union[Sequence[Message], Sequence[int]]
+FinishReason = Literal["stop", "length"]
+WeightsInput = Union[Mapping[str, "torch.Tensor"], Iterable[tuple[str, "torch.Tensor"]]]
+
+
+class EngineError(RuntimeError):
+    """An engine cannot be built or cannot serve a request; the message says why and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p >= 1`` switch those
+    filters off. ``seed`` makes sampling reproducible: sample ``j`` of a prompt draws from a generator seeded
+    with ``seed + j`` whatever else is in the batch. ``stop`` strings end a sample (as does the EOS token); the
+    token that completes a stop string is kept in the token ids (it was sampled), the text is cut before it."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 64
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The ``T`` in ``log_softmax(logits / T)`` of the returned logprobs (see the module docstring)."""
+        return 1.0 if self.greedy else self.temperature
+
+    def replace(self, **changes: Any) -> "SamplingParams":
+        return dataclasses.replace(self, **changes)
+
+    def sample_seed(self, index: int) -> int | None:
+        return None if self.seed is None else self.seed + index
+
+
+@dataclass(slots=True)
+class Completion:
+    """One sample. ``response_ids`` are exactly the sampled tokens (an EOS token that ended the sample is
+    included: the policy chose it); ``logprobs`` has one entry per response token; ``text`` is the decoded
+    response without special tokens, cut before a matched stop string."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: FinishReason
+    model_version: int
+    # the stop string that ended the sample, if one did
+    stop_reason: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    @property
+    def ended_with_eos(self) -> bool:
+        return self.finish_reason == "stop" and self.stop_reason is None
+
+
+def iter_weights(weights: WeightsInput) -> Iterable[tuple[str, "torch.Tensor"]]:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+class InferenceEngine(ABC):
+    """Base of all engines. Not thread-safe: one caller at a time (a worker owns its engine).
+
+    Subclasses set ``self.tokenizer`` (a Hugging Face tokenizer) and ``self._version``, and implement
+    :meth:`generate`, :meth:`load_weights` and :meth:`state_dict`.
+    """
+
+    kind: str = "base"
+    tokenizer: Any
+    _version: int = 0
+
+    # -- generation ----------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def generate(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
+    ) -> list[list[Completion]]:
+        """``n`` samples for each prompt: ``result[i][j]`` is sample ``j`` of ``prompts[i]``. ``params`` is one
+        SamplingParams for all prompts or one per prompt (e.g. a seed per trajectory in a multi-turn
+        workflow)."""
+
+    def generate_one(self, prompt: Prompt, params: SamplingParams, n: int = 1) -> list[Completion]:
+        return self.generate([prompt], params, n)[0]
+
+    # -- weights -------------------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """The model version the engine serves; 0 for the weights it was built with."""
+        return self._version
+
+    @abstractmethod
+    def load_weights(self, weights: WeightsInput, version: int) -> None:
+        """Copy ``weights`` (Hugging Face parameter names; a subset is allowed, e.g. one bucket of a broadcast)
+        into the model in place and set :attr:`version`. Unknown names or wrong shapes raise ``ValueError``
+        before anything is changed."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, "torch.Tensor"]:
+        """The served weights by Hugging Face parameter name (for tests and checks, may be views)."""
+
+    def close(self) -> None:
+        """Release the model and any worker processes."""
+
+    def __enter__(self) -> "InferenceEngine":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- tokenizer helpers (shared by every engine that has a Hugging Face tokenizer) ------------------------
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without BOS/EOS added (special-token strings inside are recognised)."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: chat messages through the chat template, token ids as they are."""
+        if len(prompt) == 0:
+            raise ValueError("empty prompt")
+        first = prompt[0]
+        if isinstance(first, Mapping):
+            return self.encode(self.render_chat(prompt))  # type: ignore[arg-type]
+        if isinstance(first, int) or hasattr(first, "__index__"):
+            return [int(t) for t in prompt]  # type: ignore[union-attr]
+        raise TypeError(f"a prompt is chat messages or token ids, got a sequence of {type(first).__name__}")
+
+
+def per_prompt_params(
+    params: SamplingParams | Sequence[SamplingParams], count: int
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt, from one shared or a sequence of ``count``."""
+    if isinstance(params, SamplingParams):
+        return [params] * count
+    params = list(params)
+    if len(params) != count:
+        raise ValueError(f"{len(params)} sampling params for {count} prompts")
+    return params
+
+
+def find_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """The earliest occurrence of any stop string in ``text``: (index, stop) or None."""
+    best: tuple[int, str] | None = None
+    for stop in stops:
+        if not stop:
+            continue
+        at = text.find(stop)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, stop)
+    return best

@@ -1,0 +1,104 @@
+"""A model-free engine for fast tests and the worker-scaling benchmark.
+
+Each sample takes ``latency_s`` of wall time (``time.sleep``, which releases the GIL as a GPU call would) and
+returns deterministic tokens: by default a few digits derived from the prompt, the sample index and the seed;
+with ``responder`` the text it returns for the prompt text (tokenised with the engine's tokenizer). Every logprob
+is ``logprob``. Weights are only recorded, so ``load_weights`` and ``version`` behave like a real engine's.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .base import (
+    Completion,
+    InferenceEngine,
+    Prompt,
+    SamplingParams,
+    WeightsInput,
+    find_stop,
+    iter_weights,
+    per_prompt_params,
+)
+
+# responder(prompt_text, sample_index) -> response text
+Responder = Callable[[str, int], str]
+
+
+class FakeEngine(InferenceEngine):
+    kind = "fake"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike | None = None,
+        *,
+        latency_s: float = 0.0,
+        responder: Responder | None = None,
+        logprob: float = -1.0,
+        version: int = 0,
+    ) -> None:
+        if model_path is not None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        else:
+            from ..models import build_tiny_tokenizer
+
+            self.tokenizer = build_tiny_tokenizer()
+        self.latency_s = latency_s
+        self.responder = responder
+        self.logprob = logprob
+        self._version = version
+        self._weights: dict[str, Any] = {}
+        self.calls = 0  # generate() calls, for tests
+
+    def generate(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
+    ) -> list[list[Completion]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        self.calls += 1
+        prompt_ids = [self.prompt_ids(p) for p in prompts]
+        if self.latency_s:
+            time.sleep(self.latency_s * n * len(prompts))
+        return [
+            [self._sample(ids, j, p) for j in range(n)]
+            for ids, p in zip(prompt_ids, per_prompt_params(params, len(prompts)))
+        ]
+
+    def _sample(self, prompt_ids: list[int], index: int, params: SamplingParams) -> Completion:
+        if self.responder is not None:
+            text = self.responder(self.decode(prompt_ids, skip_special_tokens=False), index)
+        else:
+            digest = hashlib.sha256(f"{prompt_ids}|{params.sample_seed(index)}".encode()).digest()
+            text = str(int.from_bytes(digest[:4], "little") % 100)
+        response = self.encode(text)
+        finish, stop_reason = "stop", None
+        found = find_stop(text, params.stop)
+        if found is not None:
+            text, stop_reason = text[: found[0]], found[1]
+            response = self.encode(text + found[1])
+        if len(response) >= params.max_tokens:
+            response, finish, stop_reason = response[: params.max_tokens], "length", None
+            text = self.decode(response)
+        elif stop_reason is None:
+            response = response + [self.eos_token_id]
+        return Completion(
+            prompt_ids=list(prompt_ids),
+            response_ids=response,
+            logprobs=[self.logprob] * len(response),
+            text=text,
+            finish_reason=finish,
+            model_version=self._version,
+            stop_reason=stop_reason,
+        )
+
+    def load_weights(self, weights: WeightsInput, version: int) -> None:
+        self._weights.update(iter_weights(weights))
+        self._version = version
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._weights)

@@ -1,0 +1,288 @@
+"""The transformers engine: CPU (the default here) or one GPU, batched over prompts x samples.
+
+The decoding loop is written out rather than delegated to ``model.generate`` so that the engine controls, and
+tests can check, exactly what RL needs: per-sample seeded sampling (a sample does not depend on what else is in
+the batch), the logprob of every sampled token under the temperature-scaled policy (see ``base.py``), stop
+strings, and finished rows leaving the batch. Prompts are left-padded; position ids follow the attention mask, so
+a padded row computes the same numbers as the same row alone.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .base import (
+    Completion,
+    EngineError,
+    InferenceEngine,
+    Prompt,
+    SamplingParams,
+    WeightsInput,
+    find_stop,
+    iter_weights,
+    per_prompt_params,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        resolved = getattr(torch, dtype)
+    except AttributeError:
+        resolved = None
+    if not isinstance(resolved, torch.dtype):
+        raise EngineError(f"unknown dtype {dtype!r}; use 'auto', 'float32', 'bfloat16' or 'float16'")
+    return resolved
+
+
+def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k / nucleus (top-p) set to -inf; ``scaled`` is [rows, vocab], already
+    divided by the temperature. At least one token per row always survives."""
+    if top_k > 0 and top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[..., -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked above it already cover top_p
+        drop_sorted = (torch.cumsum(probs, dim=-1) - probs) > top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    return scaled
+
+
+@dataclass
+class _Row:
+    """One sample being decoded."""
+
+    prompt_ids: list[int]
+    generator: torch.Generator | None
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | None = None
+    text: str | None = None
+
+
+class TransformersEngine(InferenceEngine):
+    """A Hugging Face causal LM served with a hand-written batched decoding loop.
+
+    ``max_batch_size`` bounds the rows (prompts x n) decoded together; ``num_threads`` sets torch's intra-op
+    threads (None leaves the process setting alone). fp32 on CPU by default, bf16 on CUDA.
+    """
+
+    kind = "transformers"
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike,
+        *,
+        device: str | None = None,
+        dtype: str | torch.dtype = "auto",
+        max_batch_size: int = 64,
+        num_threads: int | None = None,
+        attn_implementation: str | None = "sdpa",
+        version: int = 0,
+    ) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.max_batch_size = max_batch_size
+        self.model_path = str(model_path)
+        started = time.monotonic()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+            kwargs: dict[str, Any] = {"dtype": self.dtype}
+            if attn_implementation:
+                kwargs["attn_implementation"] = attn_implementation
+            self.model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs).to(self.device)
+        except OSError as exc:
+            raise EngineError(f"cannot load a model from {self.model_path!r}: {exc}") from exc
+        self.model.eval()
+        # transformers renamed forward arguments across versions; resolve the spelling once
+        accepted = inspect.signature(self.model.forward).parameters
+        self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
+        self._keep_arg = next((a for a in ("logits_to_keep", "num_logits_to_keep") if a in accepted), None)
+        self.tokenizer.padding_side = "left"
+        self.pad_token_id = self.tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.tokenizer.eos_token_id
+        self._version = version
+        logger.info(
+            "transformers engine: %s on %s/%s in %.1f s",
+            self.model_path, self.device, str(self.dtype).removeprefix("torch."), time.monotonic() - started,
+        )
+
+    # -- generation ----------------------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
+    ) -> list[list[Completion]]:
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        rows: list[_Row] = []
+        # rows that differ only in their seed are decoded together
+        batches: dict[SamplingParams, list[_Row]] = {}
+        for prompt, sample_params in zip(prompts, per_prompt_params(params, len(prompts))):
+            ids = self.prompt_ids(prompt)
+            for j in range(n):
+                row = _Row(prompt_ids=ids, generator=self._generator(sample_params, j))
+                rows.append(row)
+                batches.setdefault(sample_params.replace(seed=None), []).append(row)
+        for shared, batch in batches.items():
+            for start in range(0, len(batch), self.max_batch_size):
+                self._decode(batch[start : start + self.max_batch_size], shared)
+        completions = [self._completion(row) for row in rows]
+        return [completions[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _generator(self, params: SamplingParams, index: int) -> torch.Generator | None:
+        if params.greedy:
+            return None
+        seed = params.sample_seed(index)
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(secrets.randbits(63) if seed is None else seed)
+        return generator
+
+    @torch.inference_mode()
+    def _decode(self, rows: list[_Row], params: SamplingParams) -> None:
+        """Decode ``rows`` together until each has finished; fills their response fields in place."""
+        device = self.device
+        longest = max(len(r.prompt_ids) for r in rows)
+        input_ids = torch.full((len(rows), longest), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), longest), dtype=torch.long)
+        for i, row in enumerate(rows):
+            input_ids[i, longest - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            attention[i, longest - len(row.prompt_ids) :] = 1
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        active = list(range(len(rows)))  # rows still decoding, in batch order
+        out, cache = self._forward(input_ids, attention, positions, None)
+        next_position = positions[:, -1:] + 1
+        temperature = params.logprob_temperature
+        eos = self.tokenizer.eos_token_id
+
+        for step in range(params.max_tokens):
+            logits = out.logits[:, -1, :].float()
+            scaled = logits / temperature
+            logprobs = torch.log_softmax(scaled, dim=-1)
+            tokens = self._choose(scaled, params, [rows[i] for i in active])
+            chosen_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
+            tokens_list = tokens.tolist()
+
+            keep = []
+            for b, i in enumerate(active):
+                row = rows[i]
+                row.response_ids.append(tokens_list[b])
+                row.logprobs.append(chosen_logprobs[b])
+                if tokens_list[b] == eos:
+                    row.finish_reason = "stop"
+                elif params.stop and self._check_stop(row, params.stop):
+                    pass
+                elif len(row.response_ids) >= params.max_tokens:
+                    row.finish_reason = "length"
+                else:
+                    keep.append(b)
+            if not keep:
+                break
+            if len(keep) < len(active):  # finished rows leave the batch
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                tokens, attention, next_position = tokens[index], attention[index], next_position[index]
+                active = [active[b] for b in keep]
+            attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
+            out, cache = self._forward(tokens[:, None], attention, next_position, cache)
+            next_position = next_position + 1
+
+    def _forward(self, input_ids, attention, positions, cache):
+        """One forward pass that keeps only the last position's logits; returns (output, cache)."""
+        kwargs = {"input_ids": input_ids, "attention_mask": attention, "position_ids": positions, "use_cache": True}
+        if cache is not None:
+            kwargs[self._cache_arg] = cache
+        if self._keep_arg:
+            kwargs[self._keep_arg] = 1
+        out = self.model(**kwargs)
+        return out, getattr(out, self._cache_arg)
+
+    def _choose(self, scaled: torch.Tensor, params: SamplingParams, rows: list[_Row]) -> torch.Tensor:
+        if params.greedy:
+            return scaled.argmax(dim=-1)
+        probs = torch.softmax(filter_logits(scaled, params.top_k, params.top_p), dim=-1)
+        picks = [torch.multinomial(probs[b], 1, generator=row.generator) for b, row in enumerate(rows)]
+        return torch.cat(picks)
+
+    def _check_stop(self, row: _Row, stops: tuple[str, ...]) -> bool:
+        text = self.decode(row.response_ids)
+        found = find_stop(text, stops)
+        if found is None:
+            return False
+        row.finish_reason, row.stop_reason, row.text = "stop", found[1], text[: found[0]]
+        return True
+
+    def _completion(self, row: _Row) -> Completion:
+        text = row.text if row.text is not None else self.decode(row.response_ids)
+        return Completion(
+            prompt_ids=row.prompt_ids,
+            response_ids=row.response_ids,
+            logprobs=row.logprobs,
+            text=text,
+            finish_reason=row.finish_reason or "length",
+            model_version=self._version,
+            stop_reason=row.stop_reason,
+        )
+
+    # -- weights -------------------------------------------------------------------------------------------
+
+    def _named_tensors(self) -> dict[str, torch.Tensor]:
+        named = dict(self.model.named_parameters(remove_duplicate=False))
+        named.update(self.model.named_buffers(remove_duplicate=False))
+        return named
+
+    @torch.no_grad()
+    def load_weights(self, weights: WeightsInput, version: int) -> None:
+        targets = self._named_tensors()
+        pending = list(iter_weights(weights))
+        unknown = [name for name, _ in pending if name not in targets]
+        if unknown:
+            raise ValueError(f"unknown parameter names (first 5 of {len(unknown)}): {unknown[:5]}")
+        wrong = [
+            f"{name}: {tuple(t.shape)} != {tuple(targets[name].shape)}"
+            for name, t in pending
+            if tuple(t.shape) != tuple(targets[name].shape)
+        ]
+        if wrong:
+            raise ValueError(f"shape mismatch: {wrong[:5]}")
+        for name, tensor in pending:
+            targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+        self._version = version
+        logger.debug("loaded %d tensors, now version %d", len(pending), version)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def close(self) -> None:
+        self.model = None  # type: ignore[assignment]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,321 @@
+"""The torch training engine: experiences in, one optimiser step out. No Kafka, no config layer.
+
+One training step reads as four stages, each a public method so a trainer can run them separately (several
+mini-batches or epochs over one prepared batch, or a test comparing gradients)::
+
+    batch = engine.prepare(experiences, correct=flags)   # collate; old/ref logprobs; KL penalty; advantages; IS
+    engine.backward(batch)                                # micro-batched loss.backward(), gradients accumulate
+    engine.apply_gradients()                              # clip, AdamW step, lr schedule step
+    # == engine.train_step(experiences, correct=flags)
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from streamrft.schemas import Experience
+
+from ..algorithms import (
+    ADVANTAGES,
+    KL_ESTIMATORS,
+    LOSS_AGGREGATIONS,
+    POLICY_LOSSES,
+    kl_penalty,
+    truncated_importance_weights,
+)
+from .batch import Batch, collate
+from .logprobs import response_logprobs
+from .schedule import build_scheduler
+from .settings import TrainingSettings
+
+logger = logging.getLogger(__name__)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((values * mask).sum() / mask.sum().clamp(min=1))
+
+
+class TrainingEngine:
+    """A causal LM, its AdamW optimiser and lr schedule, and the RL loss from the algorithm registries.
+
+    ``ref_model`` is used only when a KL term is on (``settings.needs_reference``); when it is then missing, a
+    frozen copy of ``model`` as it is now (the initial policy) is taken.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        settings: TrainingSettings | None = None,
+        *,
+        ref_model: torch.nn.Module | None = None,
+        device: torch.device | str | None = None,
+        pad_token_id: int | None = None,
+    ) -> None:
+        self.settings = settings or TrainingSettings()
+        s = self.settings
+        self.device = torch.device(device) if device is not None else default_device()
+        self.model = model.to(self.device)
+        if s.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref_model: torch.nn.Module | None = None
+        if s.needs_reference:
+            self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
+        use_bf16 = s.mixed_precision == "bf16" or (s.mixed_precision == "auto" and self.device.type == "cuda")
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        if pad_token_id is None:
+            pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
+        self.pad_token_id = int(pad_token_id or 0)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=s.lr, betas=s.betas, eps=s.adam_eps, weight_decay=s.weight_decay
+        )
+        self.scheduler = build_scheduler(self.optimizer, s)
+        self._step = 0
+        self._grads_pending = False
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        settings: TrainingSettings | None = None,
+        *,
+        device: torch.device | str | None = None,
+        ref_path: str | Path | None = None,
+    ) -> "TrainingEngine":
+        """Load a Hugging Face model directory in fp32 (master weights; bf16 is autocast on GPU). The reference
+        model, when a KL term needs one, is loaded from ``ref_path`` (default: the same directory)."""
+        from transformers import AutoModelForCausalLM
+
+        settings = settings or TrainingSettings()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        ref = None
+        if settings.needs_reference:
+            ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32)
+        return cls(model, settings, ref_model=ref, device=device)
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def step(self) -> int:
+        """Optimiser steps taken (skipped non-finite steps do not count)."""
+        return self._step
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimiser step will use."""
+        return float(self.scheduler.get_last_lr()[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, optimiser, scheduler and step, for a checkpoint (the trainer adds its consumed offsets)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self._step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self._step = int(state["step"])
+        self._grads_pending = False
+
+    def named_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` for every parameter and persistent buffer, Hugging Face names, for publishing.
+
+        Tied tensors (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) are yielded once, under the
+        first name, as ``save_pretrained`` does. Tensors are detached views of the live weights (cast copies
+        when ``dtype`` is given): consume them before the next optimiser step.
+        """
+        seen: set[tuple[int, tuple[int, ...]]] = set()
+        for name, tensor in self.model.state_dict().items():
+            key = (tensor.data_ptr(), tuple(tensor.shape))
+            if key in seen:
+                continue
+            seen.add(key)
+            tensor = tensor.detach()
+            yield name, tensor if dtype is None else tensor.to(dtype)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        self.model.save_pretrained(str(path))
+
+    # ------------------------------------------------------------------ stages
+
+    def collate(self, experiences: Sequence[Experience], correct: Sequence[bool] | None = None) -> Batch:
+        return collate(experiences, pad_token_id=self.pad_token_id, correct=correct).to(self.device)
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Response logprobs ``[B, R]`` under ``model`` (default: the policy), micro-batched, no gradient."""
+        model = self.model if model is None else model
+        was_training = model.training
+        model.eval()
+        out = torch.zeros_like(batch.behaviour_logprobs)
+        try:
+            start = 0
+            for mb in batch.micro_batches(self.settings.micro_batch_size):
+                logp, _ = response_logprobs(
+                    model, mb, temperature=self.settings.temperature, autocast_dtype=self.autocast_dtype
+                )
+                out[start : start + len(mb), : logp.shape[1]] = logp
+                start += len(mb)
+        finally:
+            model.train(was_training)
+        return out * batch.response_mask
+
+    def prepare(self, experiences: Sequence[Experience] | Batch, correct: Sequence[bool] | None = None) -> Batch:
+        """Collate (unless given a Batch) and fill what the loss needs: old and reference logprobs, KL reward
+        penalty, advantages, truncated importance weights. Batch-level metrics land in ``batch.metrics``."""
+        s = self.settings
+        batch = experiences if isinstance(experiences, Batch) else self.collate(experiences, correct)
+        batch = batch.to(self.device)
+        mask = batch.response_mask
+        corrected = torch.ones_like(batch.correct) if s.tis else batch.correct
+        recompute = s.recompute_old_logprobs or bool(corrected.any())
+        batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
+        if self.ref_model is not None:
+            batch.ref_logprobs = self.compute_logprobs(batch, self.ref_model)
+        metrics: dict[str, float] = {}
+
+        token_rewards = batch.token_rewards
+        if s.kl_penalty_coef > 0:
+            token_rewards = kl_penalty(
+                token_rewards, batch.old_logprobs, batch.ref_logprobs, mask,
+                kl_coef=s.kl_penalty_coef, estimator=s.kl_penalty_estimator,
+            )
+            kl = KL_ESTIMATORS.get(s.kl_penalty_estimator)(batch.old_logprobs, batch.ref_logprobs)
+            metrics["actor/kl_penalty"] = _masked_mean(kl, mask)
+        advantage_fn = ADVANTAGES.get(s.advantage)
+        batch.advantages = advantage_fn(
+            batch.rewards, mask, batch.group_ids, token_rewards=token_rewards, **s.advantage_params
+        ).to(mask.dtype)
+
+        if recompute:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
+            seen = truncated_importance_weights(batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap)
+            metrics.update(seen.metrics())
+        if corrected.any():
+            batch.loss_weights = truncated_importance_weights(
+                batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap, rows=corrected
+            ).weights
+        lengths = batch.response_lengths.to(torch.float32)
+        metrics.update({
+            "actor/reward_mean": float(batch.rewards.mean()),
+            "actor/reward_std": float(batch.rewards.std()) if len(batch) > 1 else 0.0,
+            "actor/advantage_mean": _masked_mean(batch.advantages, mask),
+            "actor/advantage_abs_mean": _masked_mean(batch.advantages.abs(), mask),
+            "actor/response_length_mean": float(lengths.mean()),
+            "actor/num_sequences": float(len(batch)),
+            "actor/num_tokens": float(mask.sum()),
+            "actor/num_corrected": float(corrected.sum()),
+        })
+        batch.metrics = metrics
+        return batch
+
+    def backward(self, batch: Batch) -> dict[str, float]:
+        """Accumulate gradients of the loss over ``batch`` in micro-batches; returns loss metrics.
+
+        ``loss = agg(w·L_pg) − entropy_coef·agg(H) + kl_coef·agg(KL)`` where ``agg`` normalises by the counts of
+        the whole ``batch`` — so micro-batching gives the same gradient as one pass. Gradients from earlier
+        ``backward`` calls since the last :meth:`apply_gradients` are kept (accumulated).
+        """
+        if batch.advantages is None or batch.old_logprobs is None:
+            raise RuntimeError("batch is not prepared: call TrainingEngine.prepare() first")
+        s = self.settings
+        if not self._grads_pending:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._grads_pending = True
+        agg = LOSS_AGGREGATIONS.get(s.loss_agg)
+        policy_loss = POLICY_LOSSES.get(s.policy_loss)
+        kl_fn = KL_ESTIMATORS.get(s.kl_estimator)
+        norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
+        ntok = max(norms["num_tokens"], 1.0)
+        totals = dict.fromkeys(("loss", "pg_loss", "entropy_loss", "kl_loss"), 0.0)
+        sums = dict.fromkeys(("clipped", "entropy", "kl", "ppo_kl", "ratio"), 0.0)
+        ratio_max = 0.0
+        self.model.train()
+        for mb in batch.micro_batches(s.micro_batch_size):
+            mask = mb.response_mask
+            logp, entropy = response_logprobs(
+                self.model, mb, temperature=s.temperature, with_entropy=True,
+                entropy_grad=s.entropy_coef > 0, autocast_dtype=self.autocast_dtype,
+            )
+            out = policy_loss(logp, mb.old_logprobs, mb.advantages, mask, clip_low=s.clip_low, clip_high=s.clip_high)
+            token_loss = out.token_loss if mb.loss_weights is None else out.token_loss * mb.loss_weights
+            pg = agg(token_loss, mask, **norms)
+            ent = agg(entropy, mask, **norms)
+            loss = pg - s.entropy_coef * ent if s.entropy_coef > 0 else pg
+            if mb.ref_logprobs is not None:
+                kl = kl_fn(logp, mb.ref_logprobs)
+                kl_term = agg(kl, mask, **norms)
+                if s.kl_coef > 0:
+                    loss = loss + s.kl_coef * kl_term
+                totals["kl_loss"] += float(kl_term.detach())
+                sums["kl"] += float((kl.detach() * mask).sum())
+            loss.backward()
+            totals["loss"] += float(loss.detach())
+            totals["pg_loss"] += float(pg.detach())
+            totals["entropy_loss"] += float(ent.detach())
+            sums["clipped"] += float(out.clipped.sum())
+            sums["entropy"] += float((entropy.detach() * mask).sum())
+            sums["ppo_kl"] += float(((mb.old_logprobs - logp.detach()) * mask).sum())
+            sums["ratio"] += float((out.ratio * mask).sum())
+            if mask.any():
+                ratio_max = max(ratio_max, float(out.ratio[mask > 0].max()))
+        metrics = {
+            "actor/loss": totals["loss"],
+            "actor/pg_loss": totals["pg_loss"],
+            "actor/pg_clipfrac": sums["clipped"] / ntok,
+            "actor/entropy": sums["entropy"] / ntok,
+            "actor/ppo_kl": sums["ppo_kl"] / ntok,
+            "actor/ratio_mean": sums["ratio"] / ntok,
+            "actor/ratio_max": ratio_max,
+        }
+        if batch.ref_logprobs is not None:
+            metrics["actor/kl"] = sums["kl"] / ntok
+            metrics["actor/kl_loss"] = totals["kl_loss"]
+        return metrics
+
+    def apply_gradients(self) -> dict[str, float]:
+        """Clip the accumulated gradients to ``max_grad_norm``, step AdamW and the lr schedule.
+
+        A non-finite gradient norm skips the update (``actor/skipped_step`` = 1) and leaves step and lr as they
+        were. The gradients stay readable until the next :meth:`backward`.
+        """
+        if not self._grads_pending:
+            raise RuntimeError("no gradients to apply: call backward() first")
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        max_norm = self.settings.max_grad_norm if self.settings.max_grad_norm is not None else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        lr = self.lr
+        self._grads_pending = False
+        if not math.isfinite(grad_norm):
+            logger.warning("non-finite gradient norm (%s) at step %d: update skipped", grad_norm, self._step)
+            self.optimizer.zero_grad(set_to_none=True)
+            return {"actor/grad_norm": grad_norm, "actor/lr": lr, "actor/skipped_step": 1.0}
+        self.optimizer.step()
+        self.scheduler.step()
+        self._step += 1
+        return {"actor/grad_norm": grad_norm, "actor/lr": lr, "actor/skipped_step": 0.0}
+
+    def optimizer_step(self, batch: Batch) -> dict[str, float]:
+        """:meth:`backward` + :meth:`apply_gradients` on a prepared batch; all metrics, batch ones included."""
+        metrics = dict(batch.metrics)
+        metrics.update(self.backward(batch))
+        metrics.update(self.apply_gradients())
+        return metrics
+
+    def train_step(self, experiences: Sequence[Experience], correct: Sequence[bool] | None = None) -> dict[str, float]:
+        """One full step on complete groups of experiences: prepare + one optimiser step."""
+        return self.optimizer_step(self.prepare(experiences, correct))

@@ -1,0 +1,47 @@
+"""Per-token log-probabilities (and entropies) of the response tokens of a padded :class:`Batch`."""
+from __future__ import annotations
+
+import torch
+
+from .batch import Batch
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``H = logsumexp(l) − Σ_v softmax(l)_v · l_v`` over the last dimension."""
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
+def response_logprobs(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+    autocast_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprobs [B, R], entropy [B, R] or None)`` of the response tokens under ``model``.
+
+    Only the last ``R + 1`` logit columns are materialised (``logits_to_keep``); the softmax runs in float32
+    even under bf16 autocast. With ``entropy_grad=False`` the entropy is computed on detached logits (a metric,
+    no extra graph). Values at padded positions are meaningless: multiply by ``batch.response_mask``.
+    """
+    r = batch.response_width
+    device_type = batch.input_ids.device.type
+    with torch.autocast(device_type=device_type, dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+            logits_to_keep=r + 1,
+        )
+    logits = out.logits[:, :r, :].float()  # column P−1+t predicts response token t
+    if temperature != 1.0:
+        logits = logits / temperature
+    targets = batch.input_ids[:, batch.prompt_width :]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
+    return token_logprobs, entropy

@@ -1,0 +1,15 @@
+"""Weight transports from the trainer to inference engines: ``object_store`` (safetensors shards + manifest on
+an fsspec URL) and ``collective`` (torch.distributed broadcast in buckets, gloo on CPU / NCCL on GPU)."""
+from .collective import (
+    BroadcastStats,
+    CollectiveGroup,
+    ReceivedWeights,
+    backend_for,
+    broadcast_weights,
+    free_port,
+    receive_weights,
+)
+from .errors import ManifestIntegrityError, ShardIntegrityError, WeightFormatError, WeightIntegrityError
+from .object_store import Manifest, ObjectStore, PublishedWeights, iter_weights, load_weights, read_manifest
+
+__all__ = [name for name in dir() if not name.startswith("_")]

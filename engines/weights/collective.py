@@ -1,0 +1,228 @@
+"""Weight sync by collective broadcast: the trainer (rank 0) broadcasts named tensors to N receivers (ranks
+1..N, inference engines) over torch.distributed — NCCL when the tensors live on CUDA, gloo on CPU, through the
+same code, so the path is tested without a GPU.
+
+The group is built from its own TCP store and is *not* the process's default group, so a trainer that also runs
+DDP (or an inference engine with its own groups) is unaffected, and nothing global is set.
+
+Protocol of one sync, all broadcasts from rank 0:
+
+1. header length (int64), then the header: JSON ``{"version", "bucket_bytes", "tensors": [[name, dtype, shape],
+   ...]}`` as uint8;
+2. the tensors' bytes packed in order into uint8 buckets of at most ``bucket_bytes`` (each tensor at a 16-byte
+   aligned offset; a tensor larger than a bucket travels alone). Both sides derive the same bucket plan from the
+   header, so no further metadata is sent.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUCKET_BYTES = 256 << 20
+_ALIGN = 16
+_STORE_PREFIX = "streamrft-weights"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (for tests and local launches)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def backend_for(device: torch.device | str) -> str:
+    """``nccl`` for CUDA devices, ``gloo`` otherwise."""
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r} in a weight broadcast header")
+    return dtype
+
+
+def _aligned(n: int) -> int:
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _plan_buckets(sizes: list[int], bucket_bytes: int) -> list[list[tuple[int, int]]]:
+    """Buckets of ``(tensor index, byte offset)``; offsets are aligned; order preserved."""
+    buckets: list[list[tuple[int, int]]] = [[]]
+    offset = 0
+    for i, size in enumerate(sizes):
+        if buckets[-1] and offset + size > bucket_bytes:
+            buckets.append([])
+            offset = 0
+        buckets[-1].append((i, offset))
+        offset = _aligned(offset + size)
+    return buckets if buckets[0] else []
+
+
+def _bucket_size(bucket: list[tuple[int, int]], sizes: list[int]) -> int:
+    last, offset = bucket[-1]
+    return offset + sizes[last]
+
+
+@dataclass
+class CollectiveGroup:
+    """A process group for weight sync: rank 0 is the trainer, ranks 1..world_size−1 the receivers."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+    _pg: Any
+    _store: Any
+
+    @classmethod
+    def join(
+        cls,
+        init_method: str,
+        rank: int,
+        world_size: int,
+        *,
+        device: torch.device | str = "cpu",
+        timeout_s: float = 300.0,
+    ) -> "CollectiveGroup":
+        """Rendezvous at ``tcp://host:port`` (rank 0 hosts the store there). Blocks until all ``world_size``
+        members have joined or ``timeout_s`` passes."""
+        url = urlparse(init_method)
+        if url.scheme != "tcp" or not url.hostname or not url.port:
+            raise ValueError(f"init_method must look like tcp://host:port, got {init_method!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} outside a world of {world_size}")
+        device = torch.device(device)
+        backend = backend_for(device)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
+        prefixed = dist.PrefixStore(_STORE_PREFIX, store)
+        if backend == "nccl":
+            torch.cuda.set_device(device)
+            pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, timeout)
+        else:
+            pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        group = cls(rank, world_size, device, backend, pg, store)
+        group.broadcast(torch.zeros(1, device=device))  # everyone is here and the transport works
+        logger.info("joined weight-sync group %s as rank %d/%d (%s)", init_method, rank, world_size, backend)
+        return group
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        self._pg.broadcast([tensor], opts).wait()
+        return tensor
+
+    def close(self) -> None:
+        shutdown = getattr(self._pg, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # best effort: the peer may already be gone
+                logger.debug("process group shutdown failed", exc_info=True)
+        self._pg = None
+        self._store = None
+
+    def __enter__(self) -> "CollectiveGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class BroadcastStats:
+    version: int
+    tensors: int
+    nbytes: int
+    buckets: int
+
+
+def _send_header(group: CollectiveGroup, header: dict[str, Any]) -> None:
+    body = torch.frombuffer(bytearray(json.dumps(header).encode()), dtype=torch.uint8)
+    group.broadcast(torch.tensor([body.numel()], dtype=torch.int64, device=group.device))
+    group.broadcast(body.to(group.device))
+
+
+def _recv_header(group: CollectiveGroup) -> dict[str, Any]:
+    length = group.broadcast(torch.zeros(1, dtype=torch.int64, device=group.device))
+    body = group.broadcast(torch.empty(int(length.item()), dtype=torch.uint8, device=group.device))
+    return json.loads(bytes(body.cpu().numpy()))
+
+
+def broadcast_weights(
+    group: CollectiveGroup,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    version: int,
+    *,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+) -> BroadcastStats:
+    """Rank 0: send ``named_tensors`` (any devices and dtypes) to every receiver of ``group``."""
+    if group.rank != 0:
+        raise RuntimeError(f"broadcast_weights runs on rank 0, this is rank {group.rank}")
+    named = [(name, t.detach()) for name, t in named_tensors]
+    sizes = [t.numel() * t.element_size() for _, t in named]
+    header = {
+        "version": version,
+        "bucket_bytes": bucket_bytes,
+        "tensors": [[name, str(t.dtype).removeprefix("torch."), list(t.shape)] for name, t in named],
+    }
+    _send_header(group, header)
+    buckets = _plan_buckets(sizes, bucket_bytes)
+    for bucket in buckets:
+        buf = torch.empty(_bucket_size(bucket, sizes), dtype=torch.uint8, device=group.device)
+        for i, offset in bucket:
+            flat = named[i][1].to(group.device).contiguous().reshape(-1).view(torch.uint8)
+            buf[offset : offset + sizes[i]].copy_(flat)
+        group.broadcast(buf)
+    return BroadcastStats(version, len(named), sum(sizes), len(buckets))
+
+
+class ReceivedWeights:
+    """What a receiver gets: ``version`` at once, then iterate for ``(name, tensor)`` as buckets arrive.
+
+    The iteration *is* the collective: every receiver must consume it to the end (the trainer blocks until all
+    have). Yielded tensors are views into a fresh per-bucket buffer on the group's device, safe to keep.
+    """
+
+    def __init__(self, group: CollectiveGroup, header: dict[str, Any]) -> None:
+        self.group = group
+        self.version: int = int(header["version"])
+        self.bucket_bytes: int = int(header["bucket_bytes"])
+        self.specs = [(name, _dtype(dtype), tuple(shape)) for name, dtype, shape in header["tensors"]]
+        self._consumed = False
+
+    def __len__(self) -> int:
+        return len(self.specs)
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._consumed:
+            raise RuntimeError("received weights can be iterated only once")
+        self._consumed = True
+        sizes = [
+            torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() for _, dtype, shape in self.specs
+        ]
+        for bucket in _plan_buckets(sizes, self.bucket_bytes):
+            buf = torch.empty(_bucket_size(bucket, sizes), dtype=torch.uint8, device=self.group.device)
+            self.group.broadcast(buf)
+            for i, offset in bucket:
+                name, dtype, shape = self.specs[i]
+                yield name, buf[offset : offset + sizes[i]].view(dtype).view(shape)
+
+
+def receive_weights(group: CollectiveGroup) -> ReceivedWeights:
+    """Ranks 1..N: block for the next broadcast's header; iterate the result for the tensors."""
+    if group.rank == 0:
+        raise RuntimeError("receive_weights runs on ranks 1..N; rank 0 sends")
+    return ReceivedWeights(group, _recv_header(group))

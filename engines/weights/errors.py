@@ -1,0 +1,37 @@
+"""Typed errors of the weight transports."""
+from __future__ import annotations
+
+
+class WeightIntegrityError(RuntimeError):
+    """Published weights failed verification; nothing from them should be loaded."""
+
+
+class ManifestIntegrityError(WeightIntegrityError):
+    def __init__(self, uri: str, expected_sha256: str, actual_sha256: str) -> None:
+        self.uri = uri
+        self.expected_sha256 = expected_sha256
+        self.actual_sha256 = actual_sha256
+        super().__init__(
+            f"manifest {uri}: sha256 is {actual_sha256}, expected {expected_sha256} "
+            "(changed or partially written after it was announced)"
+        )
+
+
+class ShardIntegrityError(WeightIntegrityError):
+    def __init__(
+        self, shard: str, expected_sha256: str, actual_sha256: str, expected_nbytes: int, actual_nbytes: int
+    ) -> None:
+        self.shard = shard
+        self.expected_sha256 = expected_sha256
+        self.actual_sha256 = actual_sha256
+        self.expected_nbytes = expected_nbytes
+        self.actual_nbytes = actual_nbytes
+        what = "truncated" if actual_nbytes < expected_nbytes else "corrupted"
+        super().__init__(
+            f"weight shard {shard} is {what}: sha256 {actual_sha256} ({actual_nbytes} bytes), "
+            f"expected {expected_sha256} ({expected_nbytes} bytes)"
+        )
+
+
+class WeightFormatError(WeightIntegrityError):
+    """A manifest or shard that verifies but does not describe what it should (unknown format, wrong tensors)."""

@@ -1,0 +1,36 @@
+"""Workflows (task -> scored samples) and rewards, with registries open to plugins by entry point.
+
+Built in: workflows ``arithmetic``, ``math_boxed``, ``guess_number``; rewards ``exact_number``, ``boxed_match``,
+``format``, ``format_boxed``. The rollout worker calls :func:`run_workflow` (one task) or :func:`run_workflows` (several, engine calls
+batched) and turns a :class:`WorkflowError` into a FAILED result.
+"""
+from . import rewards  # noqa: F401  (registers the built-in rewards)
+from . import arithmetic, guess_number  # noqa: F401  (register the built-in workflows)
+from .base import (
+    RewardFn,
+    SingleTurnWorkflow,
+    Workflow,
+    WorkflowError,
+    WorkflowSample,
+    build_workflow,
+    chat_suffix_ids,
+    parse_payload,
+    run_workflow,
+)
+from .batch import CoalescingEngine, run_workflows
+from .registry import (
+    REWARD_GROUP,
+    WORKFLOW_GROUP,
+    UnknownNameError,
+    get_reward,
+    get_workflow_class,
+    register_reward,
+    register_workflow,
+    reward_names,
+    unregister_reward,
+    unregister_workflow,
+    workflow_names,
+)
+from .rewards import Reward, answers_match, final_number, last_boxed, parse_number
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,235 @@
+"""Workflows: a Task + an inference engine -> ``repeat_times`` scored samples.
+
+A workflow never touches Kafka: the rollout worker calls :func:`run_workflow`, turns each
+:class:`WorkflowSample` into an ``Experience`` (:meth:`WorkflowSample.to_experience`) and reports a
+``RolloutResult``. Whatever goes wrong inside a workflow or a reward -- a bad payload, an unknown name, a
+plugin that raises -- comes out of :func:`run_workflow` as one exception type, :class:`WorkflowError`, which the
+worker turns into a FAILED result; the process carries on.
+"""
+from __future__ import annotations
+
+import json
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from streamrft.schemas import Experience, RolloutKind, Task, pack_f32, pack_i32, pack_u8
+
+from ..inference.base import Completion, InferenceEngine, Message, SamplingParams
+from .registry import get_reward, get_workflow_class
+from .rewards import Reward
+
+RewardFn = Callable[[str, Mapping[str, Any]], Any]
+
+
+class WorkflowError(Exception):
+    """A workflow could not produce its samples. ``cause_traceback`` holds the original traceback as text
+    (for the FAILED result's ``error`` field)."""
+
+    def __init__(self, message: str, *, workflow: str = "", task_id: str = "", cause_traceback: str = "") -> None:
+        super().__init__(message)
+        self.workflow = workflow
+        self.task_id = task_id
+        self.cause_traceback = cause_traceback
+
+
+@dataclass(slots=True)
+class WorkflowSample:
+    """One scored sample. ``tokens`` are prompt + response ids; ``logprobs`` (and ``action_mask`` when set)
+    cover the response only: ``len(logprobs) == len(tokens) - prompt_length``. ``action_mask`` is 1 for tokens
+    the policy produced (trained on) and 0 for tokens an environment inserted; None means all ones."""
+
+    tokens: list[int]
+    prompt_length: int
+    logprobs: list[float]
+    reward: float
+    action_mask: list[int] | None = None
+    truncated: bool = False
+    prompt_text: str = ""
+    response_text: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    correct: bool = False
+    model_version: int = 0
+
+    @property
+    def response_length(self) -> int:
+        return len(self.tokens) - self.prompt_length
+
+    def validate(self) -> None:
+        """Raise ValueError when the lengths do not line up (a buggy plugin workflow)."""
+        n = self.response_length
+        if self.prompt_length < 1 or n < 1:
+            raise ValueError(f"sample needs a prompt and a response, got {self.prompt_length} + {n} tokens")
+        if len(self.logprobs) != n:
+            raise ValueError(f"{len(self.logprobs)} logprobs for {n} response tokens")
+        if self.action_mask is not None and len(self.action_mask) != n:
+            raise ValueError(f"action mask of {len(self.action_mask)} for {n} response tokens")
+
+    def to_experience(
+        self,
+        *,
+        eid: str,
+        group_id: str,
+        task_id: str,
+        batch_id: int,
+        kind: RolloutKind,
+        run_index: int,
+        worker_id: str = "",
+        model_version: int | None = None,
+    ) -> Experience:
+        return Experience(
+            eid=eid,
+            group_id=group_id,
+            task_id=task_id,
+            batch_id=batch_id,
+            kind=kind,
+            run_index=run_index,
+            model_version=self.model_version if model_version is None else model_version,
+            tokens=pack_i32(self.tokens),
+            prompt_length=self.prompt_length,
+            logprobs=pack_f32(self.logprobs),
+            reward=float(self.reward),
+            action_mask=None if self.action_mask is None else pack_u8(self.action_mask),
+            truncated=self.truncated,
+            prompt_text=self.prompt_text,
+            response_text=self.response_text,
+            metrics={k: float(v) for k, v in self.metrics.items()},
+            info={k: str(v) for k, v in self.info.items()},
+            worker_id=worker_id,
+        )
+
+
+class Workflow(ABC):
+    """Turns one task into samples. Subclasses set ``default_reward`` (a reward name) and implement
+    :meth:`run`; ``self.reward_fn`` is the task's ``reward_fn`` when it names one, else the default."""
+
+    default_reward: ClassVar[str | None] = None
+
+    def __init__(self, reward_fn: RewardFn | None = None) -> None:
+        if reward_fn is None and self.default_reward is not None:
+            reward_fn = get_reward(self.default_reward)
+        self.reward_fn = reward_fn
+
+    def score(self, response: str, payload: Mapping[str, Any]) -> Reward:
+        if self.reward_fn is None:
+            raise ValueError(f"{type(self).__name__} has no reward function")
+        return Reward.of(self.reward_fn(response, payload))
+
+    @abstractmethod
+    def run(
+        self,
+        task: Task,
+        payload: dict[str, Any],
+        engine: InferenceEngine,
+        repeat_times: int,
+        sampling: SamplingParams,
+    ) -> list[WorkflowSample]:
+        """``repeat_times`` samples for ``task`` (``payload`` is its parsed JSON payload)."""
+
+
+class SingleTurnWorkflow(Workflow):
+    """One chat prompt, ``repeat_times`` sampled answers in one engine call, each scored on its own."""
+
+    @abstractmethod
+    def messages(self, payload: Mapping[str, Any]) -> list[Message]:
+        """The chat messages sent to the model."""
+
+    def score_sample(self, completion: Completion, payload: Mapping[str, Any]) -> Reward:
+        return self.score(completion.text, payload)
+
+    def run(self, task, payload, engine, repeat_times, sampling):
+        messages = self.messages(payload)
+        completions = engine.generate([messages], sampling, n=repeat_times)[0]
+        prompt_text = messages[-1]["content"]
+        samples = []
+        for completion in completions:
+            reward = self.score_sample(completion, payload)
+            samples.append(
+                WorkflowSample(
+                    tokens=completion.prompt_ids + completion.response_ids,
+                    prompt_length=len(completion.prompt_ids),
+                    logprobs=list(completion.logprobs),
+                    reward=reward.value,
+                    truncated=completion.truncated,
+                    prompt_text=prompt_text,
+                    response_text=completion.text,
+                    metrics={"response_length": float(len(completion.response_ids)), **reward.metrics},
+                    info={"finish_reason": completion.finish_reason},
+                    correct=reward.correct,
+                    model_version=completion.model_version,
+                )
+            )
+        return samples
+
+
+def parse_payload(task: Task) -> dict[str, Any]:
+    try:
+        payload = json.loads(task.payload) if task.payload else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"payload is not JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ValueError(f"payload must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def build_workflow(task: Task) -> Workflow:
+    """The workflow named by ``task.workflow`` with the reward named by ``task.reward_fn`` (if any)."""
+    cls = get_workflow_class(task.workflow)
+    reward_fn = get_reward(task.reward_fn) if task.reward_fn else None
+    return cls(reward_fn=reward_fn)
+
+
+def run_workflow(
+    task: Task,
+    engine: InferenceEngine,
+    repeat_times: int | None = None,
+    sampling: SamplingParams | None = None,
+) -> list[WorkflowSample]:
+    """Run ``task``'s workflow: ``repeat_times`` (else ``task.repeat_times``, else 1) validated samples.
+
+    Raises :class:`WorkflowError` for anything that goes wrong inside (its ``__cause__`` is the original).
+    """
+    repeat = repeat_times or task.repeat_times or 1
+    sampling = sampling or SamplingParams()
+    try:
+        payload = parse_payload(task)
+        workflow = build_workflow(task)
+        samples = workflow.run(task, payload, engine, repeat, sampling)
+        if len(samples) != repeat:
+            raise ValueError(f"workflow returned {len(samples)} samples, {repeat} were asked for")
+        for sample in samples:
+            sample.validate()
+        return samples
+    except WorkflowError:
+        raise
+    except Exception as exc:
+        raise WorkflowError(
+            f"workflow {task.workflow!r} failed on task {task.task_id!r}: {type(exc).__name__}: {exc}",
+            workflow=task.workflow,
+            task_id=task.task_id,
+            cause_traceback=traceback.format_exc(),
+        ) from exc
+
+
+def chat_suffix_ids(
+    engine: InferenceEngine,
+    conversation_start: Sequence[Message],
+    new_messages: Sequence[Message],
+    after_eos: bool,
+) -> list[int]:
+    """Token ids that follow a model turn to append ``new_messages`` (e.g. an environment's reply) and open the
+    next assistant turn, as the chat template writes them. The template is rendered around a placeholder
+    assistant turn, so the ids the model actually sampled are kept as they are (re-tokenising a whole
+    conversation can merge tokens differently). When the model's turn ended with the EOS token, the template's
+    end-of-turn text is not repeated."""
+    marker = "\x00streamrft-turn\x00"
+    history = [*map(dict, conversation_start), {"role": "assistant", "content": marker}]
+    rendered = engine.render_chat([*history, *map(dict, new_messages)], add_generation_prompt=True)
+    suffix = rendered[rendered.rindex(marker) + len(marker) :]
+    eos_text = engine.tokenizer.eos_token or ""
+    if after_eos and eos_text and suffix.startswith(eos_text):
+        suffix = suffix[len(eos_text) :]
+    return engine.encode(suffix)

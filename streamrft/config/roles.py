@@ -1,0 +1,139 @@
+"""Settings of the roles (explorer, rollout workers, trainer, monitor) and of what they share (model,
+sampling, weight sync). Cross-field checks live in RunConfig, which sees all of them."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Section
+
+
+class ModelConfig(Section):
+    """The policy. ``path`` is a local Hugging Face model directory, or ``smollm2-135m`` for the demo model
+    prepared by ``streamrft model prepare smollm2-135m``."""
+
+    path: str = "smollm2-135m"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(default=1.0, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = 0
+    max_tokens: int = Field(default=64, ge=1)
+
+
+class OverRolloutConfig(Section):
+    """Finish a step after ceil((1 − ratio) · batch_size) results; the rest are cancelled and reported as
+    CANCELLED. ``wait_after_min_s`` gives stragglers a grace period once the minimum has arrived."""
+
+    ratio: float = Field(default=0.0, ge=0, lt=1)
+    wait_after_min_s: float = Field(default=0.0, ge=0)
+
+
+class EvalTaskset(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    path: str
+    workflow: str = "arithmetic"
+    prompt_key: str = "question"
+    answer_key: str = "answer"
+    repeat_times: int = Field(default=1, ge=1)
+    max_tasks: int | None = Field(default=None, ge=1)
+
+
+class SelectorConfig(Section):
+    """Order in which tasks are rolled out. ``sequential`` follows the topic; ``shuffle`` permutes each block of
+    ``block_steps`` steps' tasks (seeded, so a restart reproduces it); ``difficulty`` orders each block by the
+    pass rate seen so far, hardest-but-learnable (closest to 0.5) first."""
+
+    kind: Literal["sequential", "shuffle", "difficulty"] = "sequential"
+    block_steps: int = Field(default=4, ge=1)
+    seed: int = 0
+
+
+class ExplorerConfig(Section):
+    batch_size: int = Field(default=8, ge=1, description="tasks per step")
+    repeat_times: int = Field(default=4, ge=1, description="samples per task (GRPO group size)")
+    total_epochs: int | None = Field(default=1, ge=1, description="passes over the tasks topic; null = stream")
+    total_steps: int | None = Field(default=None, ge=1)
+    sync_style: Literal["fixed", "trainer_driven", "fully_async"] = "fixed"
+    sync_interval: int = Field(default=1, ge=1)
+    sync_offset: int = Field(default=0, ge=0)
+    max_staleness: int = Field(default=1, ge=0, description="steps the explorer may run ahead of the weights")
+    max_buffered_batches: int = Field(default=4, ge=1,
+                                      description="trainer lag on experiences, in batches, before pausing")
+    over_rollout: OverRolloutConfig = OverRolloutConfig()
+    eval_interval: int | None = Field(default=None, ge=1)
+    eval_tasksets: tuple[EvalTaskset, ...] = ()
+    selector: SelectorConfig = SelectorConfig()
+    step_timeout_s: float = Field(default=1800.0, gt=0,
+                                  description="results missing after this long are reported TIMEOUT")
+    idle_wait_s: float = Field(default=5.0, gt=0, description="end of topic: wait this long for more tasks")
+    metrics_port: int | None = 9101
+
+    @property
+    def min_results(self) -> int:
+        """Results needed to finish a step (over-rollout lets the explorer stop waiting for the rest)."""
+        import math
+
+        return max(1, math.ceil((1 - self.over_rollout.ratio) * self.batch_size))
+
+
+class RolloutConfig(Section):
+    engine: Literal["transformers", "vllm", "fake"] = "transformers"
+    device: str = "auto"
+    max_batch_size: int = Field(default=64, ge=1, description="sequences generated together")
+    sampling: SamplingConfig = SamplingConfig()
+    fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
+    transaction_timeout_ms: int = Field(default=30_000, ge=1000,
+                                        description="a killed worker's open transaction is aborted after this")
+    metrics_port: int | None = 9102
+
+
+class AlgorithmConfig(Section):
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"] = "grpo"
+    policy_loss: Literal["ppo_clip", "gspo", "sft"] = "ppo_clip"
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.2, ge=0)
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    entropy_coef: float = 0.0
+    kl_coef: float = Field(default=0.0, ge=0)
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_penalty_coef: float = Field(default=0.0, ge=0)
+    tis: bool = False
+    tis_cap: float = Field(default=2.0, ge=1)
+
+
+class WeightSyncConfig(Section):
+    method: Literal["object_store", "collective"] = "object_store"
+    url: str = Field(default="", description="fsspec URL for object_store; empty = <checkpoint_dir>/weights")
+    keep_last: int = Field(default=3, ge=1)
+    shard_mb: int = Field(default=512, ge=1)
+    bucket_mb: int = Field(default=64, ge=1, description="collective: broadcast bucket size")
+
+
+class TrainerConfig(Section):
+    train_batch_size: int | None = Field(default=None, ge=1,
+                                         description="experiences per step; default batch_size × repeat_times")
+    micro_batch_size: int = Field(default=8, ge=1)
+    lr: float = Field(default=1e-6, gt=0)
+    lr_schedule: Literal["constant", "warmup_cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    max_grad_norm: float | None = 1.0
+    weight_decay: float = 0.0
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    staleness_policy: Literal["drop", "correct"] = "drop"
+    group_timeout_s: float = Field(default=600.0, gt=0)
+    total_steps: int | None = Field(default=None, ge=1)
+    save_interval: int = Field(default=10, ge=1)
+    checkpoint_dir: str = "runs/{name}/checkpoints"
+    keep_checkpoints: int = Field(default=2, ge=1)
+    weights: WeightSyncConfig = WeightSyncConfig()
+    metrics_port: int | None = 9103
+
+
+class MonitorConfig(Section):
+    output_dir: str = "runs/{name}"
+    tensorboard: bool = True
+    metrics_port: int | None = 9100

@@ -1,0 +1,56 @@
+"""Per-step rollout metrics from RolloutResults (pure: no Kafka, no model)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from .schemas import RolloutResult, RolloutStatus
+
+
+def step_metrics(results: list[RolloutResult], step: int, version: int, expected: int) -> dict[str, float]:
+    """``rollout/*`` metrics of one step. Reward statistics pool the samples of every OK task (reward_std is
+    the pooled standard deviation over all samples, from each task's mean, std and n)."""
+    ok = [r for r in results if r.status == RolloutStatus.OK and r.n > 0]
+    statuses = Counter(r.status for r in results)
+    out: dict[str, float] = {
+        "rollout/tasks": float(expected),
+        "rollout/ok": float(statuses[RolloutStatus.OK]),
+        "rollout/failed": float(statuses[RolloutStatus.FAILED]),
+        "rollout/cancelled": float(statuses[RolloutStatus.CANCELLED] + max(expected - len(results), 0)),
+        "rollout/timeout": float(statuses[RolloutStatus.TIMEOUT]),
+        "rollout/model_version": float(version),
+        "rollout/staleness": float(step - version),
+    }
+    samples = sum(r.n for r in ok)
+    if not samples:
+        return out
+    mean = sum(r.reward_mean * r.n for r in ok) / samples
+    variance = sum(r.n * (r.reward_std ** 2 + (r.reward_mean - mean) ** 2) for r in ok) / samples
+    out.update({
+        "rollout/samples": float(samples),
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": math.sqrt(max(variance, 0.0)),
+        "rollout/reward_min": min(r.reward_min for r in ok),
+        "rollout/reward_max": max(r.reward_max for r in ok),
+        "rollout/accuracy": sum(r.accuracy * r.n for r in ok) / samples,
+        "rollout/pass_rate": sum(1.0 for r in ok if r.reward_max > 0) / len(ok),
+        "rollout/response_length": sum(r.response_length_mean * r.n for r in ok) / samples,
+        "rollout/staleness_mean": sum((step - r.model_version) * r.n for r in ok) / samples,
+        "time/rollout_task_ms": sum(r.duration_ms for r in ok) / len(ok),
+    })
+    return out
+
+
+def eval_metrics(name: str, results: list[RolloutResult], n: int) -> dict[str, float]:
+    """``eval/<name>/mean@n`` (mean reward over all samples) and ``best@n`` (mean over tasks of the best
+    sample's reward), plus accuracy@n."""
+    ok = [r for r in results if r.status == RolloutStatus.OK and r.n > 0]
+    if not ok:
+        return {f"eval/{name}/failed": float(len(results))}
+    samples = sum(r.n for r in ok)
+    return {
+        f"eval/{name}/mean@{n}": sum(r.reward_mean * r.n for r in ok) / samples,
+        f"eval/{name}/best@{n}": sum(r.reward_max for r in ok) / len(ok),
+        f"eval/{name}/accuracy@{n}": sum(r.accuracy * r.n for r in ok) / samples,
+        f"eval/{name}/tasks": float(len(ok)),
+    }

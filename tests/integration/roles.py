@@ -1,0 +1,51 @@
+"""Running roles inside a test: each in a thread with its own stop flag (role processes are tested in e2e)."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from streamrft.kafka.reader import read_topic
+from streamrft.lifecycle import StopSignal
+
+
+class RoleThread:
+    """Runs ``factory(stop).run()`` in a daemon thread and keeps its exception, if any."""
+
+    def __init__(self, name: str, factory):
+        self.stop = StopSignal()
+        self.error: BaseException | None = None
+        self.result = None
+        self.role = None
+        self._factory = factory
+        self.thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self.role = self._factory(self.stop)
+            try:
+                self.result = self.role.run()
+            finally:
+                self.role.close()
+        except BaseException as exc:  # surfaced by join()
+            self.error = exc
+
+    def start(self) -> "RoleThread":
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"{self.thread.name} did not finish in {timeout:.0f}s")
+        if self.error is not None:
+            raise self.error
+
+
+def read_all(config, bootstrap: str, name: str, serde, record_type, idle: float = 2.0):
+    topic = config.topic(name)
+    return [serde.decode(r.value, topic, record_type) for r in read_topic(config.kafka, bootstrap, topic,
+                                                                          idle_timeout=idle)]
+
+
+def group_sizes(experiences) -> Counter:
+    return Counter(e.group_id for e in experiences)
