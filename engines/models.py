@@ -125,7 +125,18 @@ def build_tiny_model(path: str | os.PathLike, seed: int = 0, **overrides: Any) -
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    _portable_tokenizer_config(path)
     return path
+
+
+def _portable_tokenizer_config(path: Path) -> None:
+    """transformers 5 writes ``tokenizer_class: TokenizersBackend``, which 4.x cannot resolve; the older name
+    loads the same tokenizer in both."""
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+        config_file.write_text(json.dumps(config, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -196,6 +207,7 @@ def prepare_smollm2(
         _say(progress, f"saving safetensors to {dest}")
         _plain_copy(model).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        _portable_tokenizer_config(tmp)
         marker = {
             "source": gguf.name,
             "source_bytes": gguf.stat().st_size,

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "tasks",
     "tail",
     "model",
+    "roles",
 )
 
 

@@ -39,15 +39,15 @@ class SyncView:
 
     def __init__(self, clients: KafkaClients, client_id: str):
         self.topic = clients.config.topic("sync")
+        # partition EOF events tell when the history is read (end offsets would count transaction markers)
         self._consumer = clients.consumer([self.topic], SyncSignal, group=f"{clients.config.name}.sync-view",
-                                          client_id=client_id, subscribe=False)
+                                          client_id=client_id, subscribe=False,
+                                          extra={"enable.partition.eof": True})
         self._consumer.assign(clients.offsets(self.topic, "start"))
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()
         self.cancelled_step = -1
         self.caught_up = False
-        self._end = clients.offsets(self.topic, "end")[(self.topic, 0)]
-        self._read = 0
 
     @property
     def version(self) -> int:
@@ -57,10 +57,9 @@ class SyncView:
         """Apply new signals; returns them. ``caught_up`` turns true once the history at start is read."""
         signals = []
         for item in self._consumer.poll(max_records=500, timeout=timeout):
-            self._read = item.offset + 1
             self._apply(item.record)
             signals.append(item.record)
-        if not self.caught_up and self._read >= self._end:
+        if not self.caught_up and self._consumer.at_end():
             self.caught_up = True
         return signals
 
@@ -72,7 +71,7 @@ class SyncView:
         while not self.caught_up:
             self.poll(0.2)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {self.topic} up to offset {self._end} in {timeout:.0f}s")
+                raise TimeoutError(f"could not read {self.topic} to its end in {timeout:.0f}s; is the broker up?")
 
     def _apply(self, signal: SyncSignal) -> None:
         if signal.kind == SyncKind.WEIGHTS_PUBLISHED:

@@ -142,7 +142,7 @@ class TrainingEngine:
         seen: set[tuple[int, tuple[int, ...]]] = set()
         for name, tensor in self.model.state_dict().items():
             key = (tensor.data_ptr(), tuple(tensor.shape))
-            if key in seen:
+            if tensor.numel() and key in seen:
                 continue
             seen.add(key)
             tensor = tensor.detach()

@@ -19,6 +19,7 @@ import datetime
 import json
 import logging
 import socket
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BUCKET_BYTES = 256 << 20
+DEFAULT_BUCKET_BYTES = 64 << 20  # several buckets per model, so packing, sending and unpacking overlap
 _ALIGN = 16
 _STORE_PREFIX = "streamrft-weights"
 
@@ -75,6 +76,15 @@ def _bucket_size(bucket: list[tuple[int, int]], sizes: list[int]) -> int:
     return offset + sizes[last]
 
 
+def _max_packed_size(buckets: list[list[tuple[int, int]]], sizes: list[int]) -> int:
+    return max((_bucket_size(b, sizes) for b in buckets if len(b) > 1), default=0)
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a tensor's memory (a contiguous copy first if it is not contiguous)."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
 @dataclass
 class CollectiveGroup:
     """A process group for weight sync: rank 0 is the trainer, ranks 1..world_size−1 the receivers."""
@@ -118,10 +128,17 @@ class CollectiveGroup:
         logger.info("joined weight-sync group %s as rank %d/%d (%s)", init_method, rank, world_size, backend)
         return group
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    def broadcast_async(self, tensor: torch.Tensor, src: int = 0) -> Any:
+        """Start a broadcast of ``tensor`` from rank ``src``; returns the work handle (``.wait()``). Broadcasts
+        complete in the order they were started, on every rank."""
+        if self._pg is None:
+            raise RuntimeError("the weight-sync group is closed")
         opts = dist.BroadcastOptions()
         opts.rootRank = src
-        self._pg.broadcast([tensor], opts).wait()
+        return self._pg.broadcast([tensor], opts)
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        self.broadcast_async(tensor, src).wait()
         return tensor
 
     def close(self) -> None:
@@ -161,6 +178,22 @@ def _recv_header(group: CollectiveGroup) -> dict[str, Any]:
     return json.loads(bytes(body.cpu().numpy()))
 
 
+class _Staging:
+    """Two staging buffers used alternately (bucket ``k`` uses buffer ``k % 2``), so one bucket can be packed or
+    unpacked while the previous one is on the wire."""
+
+    def __init__(self, nbytes: int, device: torch.device) -> None:
+        self.nbytes = nbytes
+        self.device = device
+        self._buffers: list[torch.Tensor | None] = [None, None]
+
+    def get(self, k: int, nbytes: int) -> torch.Tensor:
+        buf = self._buffers[k % 2]
+        if buf is None:
+            buf = self._buffers[k % 2] = torch.empty(self.nbytes, dtype=torch.uint8, device=self.device)
+        return buf[:nbytes]
+
+
 def broadcast_weights(
     group: CollectiveGroup,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -168,7 +201,11 @@ def broadcast_weights(
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> BroadcastStats:
-    """Rank 0: send ``named_tensors`` (any devices and dtypes) to every receiver of ``group``."""
+    """Rank 0: send ``named_tensors`` (any devices and dtypes) to every receiver of ``group``.
+
+    Two buckets are in flight at a time: bucket ``k + 1`` is packed while bucket ``k`` is being sent. A tensor
+    that fills a bucket on its own is sent as it is, without a packing copy.
+    """
     if group.rank != 0:
         raise RuntimeError(f"broadcast_weights runs on rank 0, this is rank {group.rank}")
     named = [(name, t.detach()) for name, t in named_tensors]
@@ -180,12 +217,20 @@ def broadcast_weights(
     }
     _send_header(group, header)
     buckets = _plan_buckets(sizes, bucket_bytes)
-    for bucket in buckets:
-        buf = torch.empty(_bucket_size(bucket, sizes), dtype=torch.uint8, device=group.device)
-        for i, offset in bucket:
-            flat = named[i][1].to(group.device).contiguous().reshape(-1).view(torch.uint8)
-            buf[offset : offset + sizes[i]].copy_(flat)
-        group.broadcast(buf)
+    staging = _Staging(_max_packed_size(buckets, sizes), group.device)
+    in_flight: deque[tuple[Any, torch.Tensor]] = deque()  # (work, the buffer it reads)
+    for k, bucket in enumerate(buckets):
+        if len(in_flight) == 2:
+            in_flight.popleft()[0].wait()  # bucket k−2 is sent: its staging buffer is free
+        if len(bucket) == 1:
+            buf = _as_bytes(named[bucket[0][0]][1].to(group.device))
+        else:
+            buf = staging.get(k, _bucket_size(bucket, sizes))
+            for i, offset in bucket:
+                buf[offset : offset + sizes[i]].copy_(_as_bytes(named[i][1].to(group.device)))
+        in_flight.append((group.broadcast_async(buf), buf))
+    for work, _ in in_flight:
+        work.wait()
     return BroadcastStats(version, len(named), sum(sizes), len(buckets))
 
 
@@ -193,11 +238,17 @@ class ReceivedWeights:
     """What a receiver gets: ``version`` at once, then iterate for ``(name, tensor)`` as buckets arrive.
 
     The iteration *is* the collective: every receiver must consume it to the end (the trainer blocks until all
-    have). Yielded tensors are views into a fresh per-bucket buffer on the group's device, safe to keep.
+    have). The next bucket is already being received while the current one's tensors are handed out.
+
+    A tensor that travelled alone is received straight into its own new tensor. Packed tensors are views into
+    a fresh per-bucket buffer (safe to keep) — or, with ``reuse_buffer=True``, into one of two staging buffers
+    that the bucket after next overwrites: then copy each tensor before advancing the iterator (what an
+    inference engine's ``load_weights`` does anyway), and far fewer fresh pages are touched.
     """
 
-    def __init__(self, group: CollectiveGroup, header: dict[str, Any]) -> None:
+    def __init__(self, group: CollectiveGroup, header: dict[str, Any], reuse_buffer: bool = False) -> None:
         self.group = group
+        self.reuse_buffer = reuse_buffer
         self.version: int = int(header["version"])
         self.bucket_bytes: int = int(header["bucket_bytes"])
         self.specs = [(name, _dtype(dtype), tuple(shape)) for name, dtype, shape in header["tensors"]]
@@ -213,16 +264,37 @@ class ReceivedWeights:
         sizes = [
             torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size() for _, dtype, shape in self.specs
         ]
-        for bucket in _plan_buckets(sizes, self.bucket_bytes):
-            buf = torch.empty(_bucket_size(bucket, sizes), dtype=torch.uint8, device=self.group.device)
-            self.group.broadcast(buf)
+        buckets = _plan_buckets(sizes, self.bucket_bytes)
+        device = self.group.device
+        staging = _Staging(_max_packed_size(buckets, sizes), device)
+
+        def post(k: int) -> tuple[Any, torch.Tensor]:
+            bucket = buckets[k]
+            if len(bucket) == 1:
+                name, dtype, shape = self.specs[bucket[0][0]]
+                target = torch.empty(shape, dtype=dtype, device=device)
+                return self.group.broadcast_async(_as_bytes(target)), target
+            size = _bucket_size(bucket, sizes)
+            buf = staging.get(k, size) if self.reuse_buffer else torch.empty(size, dtype=torch.uint8, device=device)
+            return self.group.broadcast_async(buf), buf
+
+        pending = post(0) if buckets else None
+        for k, bucket in enumerate(buckets):
+            work, buf = pending
+            work.wait()
+            # bucket k+1 uses the other staging buffer, whose tensors (bucket k−1) the consumer is done with
+            pending = post(k + 1) if k + 1 < len(buckets) else None
+            if len(bucket) == 1:
+                yield self.specs[bucket[0][0]][0], buf
+                continue
             for i, offset in bucket:
                 name, dtype, shape = self.specs[i]
                 yield name, buf[offset : offset + sizes[i]].view(dtype).view(shape)
 
 
-def receive_weights(group: CollectiveGroup) -> ReceivedWeights:
-    """Ranks 1..N: block for the next broadcast's header; iterate the result for the tensors."""
+def receive_weights(group: CollectiveGroup, *, reuse_buffer: bool = False) -> ReceivedWeights:
+    """Ranks 1..N: block for the next broadcast's header; iterate the result for the tensors (see
+    :class:`ReceivedWeights` for ``reuse_buffer``)."""
     if group.rank == 0:
         raise RuntimeError("receive_weights runs on ranks 1..N; rank 0 sends")
-    return ReceivedWeights(group, _recv_header(group))
+    return ReceivedWeights(group, _recv_header(group), reuse_buffer)

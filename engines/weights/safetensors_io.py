@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
 import torch
@@ -36,7 +37,33 @@ for _name, _code in (("float8_e4m3fn", "F8_E4M3"), ("float8_e5m2", "F8_E5M2"), (
         _CODES[getattr(torch, _name)] = _code
 _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 
-CHUNK_BYTES = 64 << 20  # hash/write granularity for very large tensors
+CHUNK_BYTES = 16 << 20  # write/read and hash granularity
+
+
+class OverlappedSha256:
+    """sha256 computed on a background thread, in submission order, so hashing overlaps the caller's I/O
+    (hashlib and file I/O both release the GIL). Chunks must stay unmodified until :meth:`hexdigest`."""
+
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._pending: list[Future] = []
+
+    def update(self, chunk: bytes | memoryview) -> None:
+        self._pending.append(self._pool.submit(self._digest.update, chunk))
+        if len(self._pending) > 64:  # keep the list short; the worker is rarely that far behind
+            self._pending.pop(0).result()
+
+    def hexdigest(self) -> str:
+        try:
+            for fut in self._pending:
+                fut.result()
+            return self._digest.hexdigest()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class SafetensorsFormatError(ValueError):
@@ -65,19 +92,23 @@ def write_safetensors(fh: BinaryIO, tensors: dict[str, torch.Tensor], metadata: 
         offset += size
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (-(8 + len(body)) % 8)
-    digest = hashlib.sha256()
+    digest = OverlappedSha256()
     written = 0
-    for chunk in (struct.pack("<Q", len(body)), body):
-        fh.write(chunk)
-        digest.update(chunk)
-        written += len(chunk)
-    for name in order:
-        data = _as_bytes(tensors[name])
-        for start in range(0, len(data), CHUNK_BYTES):
-            piece = data[start : start + CHUNK_BYTES]
-            fh.write(piece)
-            digest.update(piece)
-            written += len(piece)
+    try:
+        for chunk in (struct.pack("<Q", len(body)), body):
+            digest.update(chunk)
+            fh.write(chunk)
+            written += len(chunk)
+        for name in order:
+            data = _as_bytes(tensors[name])
+            for start in range(0, len(data), CHUNK_BYTES):
+                piece = data[start : start + CHUNK_BYTES]
+                digest.update(piece)
+                fh.write(piece)
+                written += len(piece)
+    except BaseException:
+        digest.close()
+        raise
     return written, digest.hexdigest()
 
 
@@ -104,9 +135,9 @@ def read_header(buf: bytes | bytearray | memoryview) -> tuple[dict[str, dict], i
     return header, 8 + n
 
 
-def read_safetensors(buf: bytearray) -> dict[str, torch.Tensor]:
-    """Tensors as views over ``buf`` (kept alive by them; no copy). ``buf`` must be writable (a bytearray)."""
-    header, start = read_header(buf)
+def read_safetensors(buf: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Tensors as views over ``buf``, a 1-D uint8 tensor holding a whole file (kept alive by them; no copy)."""
+    header, start = read_header(memoryview(buf.numpy()))
     out: dict[str, torch.Tensor] = {}
     for name, entry in header.items():
         dtype = _DTYPES.get(entry["dtype"])
@@ -115,11 +146,10 @@ def read_safetensors(buf: bytearray) -> dict[str, torch.Tensor]:
         begin, stop = entry["data_offsets"]
         shape = tuple(entry["shape"])
         itemsize = torch.empty((), dtype=dtype).element_size()
-        count = (stop - begin) // itemsize
-        if count != torch.Size(shape).numel():
+        if stop - begin != torch.Size(shape).numel() * itemsize:
             raise SafetensorsFormatError(f"tensor {name}: {stop - begin} bytes for shape {list(shape)} of {dtype}")
-        if count == 0:
-            out[name] = torch.empty(shape, dtype=dtype)
-        else:
-            out[name] = torch.frombuffer(buf, dtype=dtype, count=count, offset=start + begin).view(shape)
+        data = buf[start + begin : start + stop]
+        if (start + begin) % itemsize:  # files from other writers may not align; copy those few
+            data = data.clone()
+        out[name] = data.view(dtype).view(shape)
     return out

@@ -117,7 +117,7 @@ def ensure_jars(version: str = "4.1.1", quiet: bool = False) -> Path:
     try:
         pom = resources.files(__package__).joinpath("pom.xml").read_text()
         (staging / "pom.xml").write_text(pom.replace("@KAFKA_VERSION@", version))
-        cmd = [mvn, "-q", "-B", "-f", str(staging / "pom.xml"), "dependency:copy-dependencies",
+        cmd = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(staging / "pom.xml"), "dependency:copy-dependencies",
                f"-DoutputDirectory={staging / 'lib'}", "-DincludeScope=runtime"]
         logger.info("resolving Apache Kafka %s jars with Maven into %s (first run only)", version, home)
         result = _run_with_status(cmd, f"Resolving Apache Kafka {version} jars with Maven (first run only)…", quiet)

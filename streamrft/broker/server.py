@@ -252,6 +252,15 @@ class EmbeddedBroker:
         else:
             self.data_dir = self._given_data_dir
             self.data_dir.mkdir(parents=True, exist_ok=True)
+            # stop() deletes the data dir (unless keep_data): never adopt a directory holding anything else
+            ours = {"kraft", "server.properties", "log4j2.properties", LOG_FILE, JVM_OUT, "classes.jsa"}
+            strangers = sorted(p.name for p in self.data_dir.iterdir() if p.name not in ours)
+            if strangers:
+                self.data_dir = None
+                raise BrokerError(
+                    f"{self._given_data_dir} holds files that are not the broker's ({', '.join(strangers[:5])}); "
+                    "give broker.data_dir / --data-dir a new or empty directory"
+                )
         (self.data_dir / "log4j2.properties").write_text(
             resources.files(__package__).joinpath("log4j2.properties").read_text()
         )
@@ -317,22 +326,25 @@ class EmbeddedBroker:
     def _class_sharing_flags(self, java, use_only: bool = False) -> list[str]:
         """Class-data sharing: the JVM maps the broker's classes from an archive instead of loading and
         verifying them, which cuts its start-up by ~0.7 s here. The first (non-detached) broker without an
-        archive for this JVM writes one when it exits."""
+        archive for this JVM writes one when it exits: into its data dir, so that an owner killed mid-way
+        leaves no 50 MB stray in the cache, then moved into place."""
         self._archive = kafka_home(self.config.kafka_version) / f"classes-java{java.version}.jsa"
         self._archive_tmp = None
         if self._archive.exists():
             return [f"-XX:SharedArchiveFile={self._archive}", "-Xshare:auto"]
         if self.detached or use_only:
             return []
-        self._archive_tmp = self._archive.with_name(f".{self._archive.name}.{os.getpid()}.{id(self)}")
+        self._archive_tmp = self.data_dir / "classes.jsa"
         return [f"-XX:ArchiveClassesAtExit={self._archive_tmp}"]
 
     def _keep_archive(self, graceful: bool) -> None:
         tmp, self._archive_tmp = self._archive_tmp, None
         if tmp is None or not tmp.exists():
             return
-        if graceful and tmp.stat().st_size > 0:
-            os.replace(tmp, self._archive)
+        if graceful and tmp.stat().st_size > 0 and not self._archive.exists():
+            staging = self._archive.with_name(f".{self._archive.name}.{os.getpid()}")
+            shutil.move(tmp, staging)  # may cross file systems (data dir in /tmp)
+            os.replace(staging, self._archive)
             logger.debug("wrote class-data archive %s", self._archive)
         else:
             tmp.unlink(missing_ok=True)
@@ -415,23 +427,25 @@ class EmbeddedBroker:
     def _end(self, proc: subprocess.Popen, timeout: float) -> bool:
         """Stop the JVM (SIGTERM to its group, SIGKILL after ``timeout`` s) and retire the watchdog. Returns
         whether the JVM ended by itself or by SIGTERM."""
-        graceful = True
+        graceful = timeout > 0
         if proc.poll() is None:
-            self._signal_group(proc, signal.SIGTERM if timeout > 0 else signal.SIGKILL)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                logger.warning("broker pid %d did not stop within %.0f s; killing it", proc.pid, timeout)
+            if graceful:
+                self._signal_group(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    logger.warning("broker pid %d did not stop within %.0f s; killing it", proc.pid, timeout)
+                    graceful = False
+            if not graceful:
                 self._signal_group(proc, signal.SIGKILL)
                 proc.wait()
-                graceful = False
         # The watchdog may outlive a JVM that died on its own. Kill it before closing its pipe, or it would
         # remove the data dir on its own schedule, even while a retry is using it. (Its being alive keeps the
         # group id reserved, so this cannot hit a stranger.)
         self._signal_group(proc, signal.SIGKILL)
         if proc.stdin:
             proc.stdin.close()
-        return graceful and timeout > 0
+        return graceful
 
     @staticmethod
     def _signal_group(proc: subprocess.Popen, sig: int) -> None:

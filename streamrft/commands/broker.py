@@ -26,7 +26,8 @@ def register(subparsers) -> None:
 
     start = actions.add_parser("start", help="start a broker in the background and print its bootstrap address")
     _config_argument(start)
-    start.add_argument("--data-dir", default=None, help="keep topic data here (default: a temporary directory)")
+    start.add_argument("--data-dir", default=None, help="the broker's data directory, new or empty (default: a temporary one); deleted at stop "
+                       "unless --keep-data")
     start.add_argument("--keep-data", action="store_true", help="do not delete the data when the broker stops")
     start.add_argument("--foreground", action="store_true", help="run in this terminal until Ctrl-C")
     start.set_defaults(func=start_broker)

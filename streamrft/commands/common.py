@@ -8,6 +8,7 @@ from typing import Iterator
 from rich.console import Console
 
 from ..config import RunConfig, load_config
+from ..errors import BrokerError
 from ..kafka import KafkaClients
 
 console = Console(stderr=True)
@@ -26,11 +27,17 @@ def config_from(args: argparse.Namespace) -> RunConfig:
 
 
 @contextmanager
-def open_run(config: RunConfig, create_topics: bool = True) -> Iterator[KafkaClients]:
+def open_run(config: RunConfig, create_topics: bool = True, shared_broker: bool = False) -> Iterator[KafkaClients]:
     """Kafka clients for the run on its cluster (the embedded broker when none is configured), with the
-    run's topics created if missing."""
-    from ..broker import kafka_for
+    run's topics created if missing. ``shared_broker``: a role process must meet the other roles on one
+    cluster, so it never starts a private embedded broker."""
+    from ..broker import kafka_for, running_broker
 
+    if shared_broker and config.kafka.embedded and running_broker() is None:
+        raise BrokerError(
+            "this role needs the cluster the other roles use: set kafka.bootstrap_servers (or "
+            "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS), start a shared broker with `streamrft broker start`, or use "
+            "`streamrft run CONFIG`, which starts everything")
     with kafka_for(config) as bootstrap:
         clients = KafkaClients(config, bootstrap)
         try:

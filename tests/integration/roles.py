@@ -41,6 +41,22 @@ class RoleThread:
             raise self.error
 
 
+def wait_for(main: RoleThread, helpers: list[RoleThread], timeout: float) -> None:
+    """Join ``main``, failing at once if one of ``helpers`` dies on the way (instead of timing out)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while main.thread.is_alive():
+        for helper in helpers:
+            if helper.error is not None:
+                main.stop.request()
+                raise RuntimeError(f"{helper.thread.name} died") from helper.error
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{main.thread.name} did not finish in {timeout:.0f}s")
+        main.thread.join(0.5)
+    main.join(0)
+
+
 def read_all(config, bootstrap: str, name: str, serde, record_type, idle: float = 2.0):
     topic = config.topic(name)
     return [serde.decode(r.value, topic, record_type) for r in read_topic(config.kafka, bootstrap, topic,

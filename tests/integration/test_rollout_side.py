@@ -9,7 +9,7 @@ from streamrft.engines.tasks import make_arithmetic_tasks
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, RolloutResult, RolloutStatus
 
-from .roles import RoleThread, group_sizes, read_all
+from .roles import RoleThread, group_sizes, read_all, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
@@ -40,7 +40,7 @@ def test_explorer_and_two_workers_account_for_every_sample(run_config, tiny_mode
     workers = [RoleThread(f"worker-{i}", lambda stop, i=i: RolloutWorker(config, clients, stop, f"w{i}")).start()
                for i in range(2)]
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
-    explorer.join(240)
+    wait_for(explorer, workers, 240)
     for worker in workers:
         worker.stop.request()
     for worker in workers:
@@ -56,4 +56,84 @@ def test_explorer_and_two_workers_account_for_every_sample(run_config, tiny_mode
     assert sorted({r.batch_id for r in results}) == [0, 1, 2]
     assert {e.worker_id for e in experiences} == {"w0", "w1"}  # both group members took work
     assert explorer.result.done and explorer.result.next_step == 3
+    clients.close()
+
+
+def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir):
+    from streamrft.kafka.reader import read_topic
+    from streamrft.schemas import Task
+
+    config = _config(run_config, tiny_model_dir, total_steps=1, batch_size=4)
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    tasks = make_arithmetic_tasks(3, seed=2)
+    poison = Task(task_id="poison-1", workflow="arithmetic", payload='{"question": "What is 1 + 1?"}')  # no answer
+    _produce_tasks(clients, config, [tasks[0], poison, *tasks[1:]])
+
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    wait_for(explorer, [worker], 180)
+    worker.stop.request()
+    worker.join(60)
+
+    results = {r.task_id: r for r in read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult)}
+    assert results["poison-1"].status == RolloutStatus.FAILED
+    assert "answer" in results["poison-1"].error
+    assert all(results[t.task_id].status == RolloutStatus.OK for t in tasks)
+    experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience)
+    assert {e.task_id for e in experiences} == {t.task_id for t in tasks}
+    letters = list(read_topic(config.kafka, clients.bootstrap, config.topic("rollouts") + ".dlq", idle_timeout=2))
+    assert len(letters) == 1
+    headers = {k: v.decode() for k, v in letters[0].headers}
+    assert headers["streamrft.reason"] == "workflow-error" and headers["streamrft.stage"] == "process"
+    assert "answer" in headers["streamrft.error"]
+    assert clients.serde.decode(letters[0].value, config.topic("rollouts")).task.task_id == "poison-1"
+    clients.close()
+
+
+def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config, tiny_model_dir):
+    import time
+
+    import torch
+
+    from streamrft.engines.weights.object_store import ObjectStore
+    from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
+
+    config = _config(run_config, tiny_model_dir, total_steps=2, batch_size=2, sync_style="fixed", sync_interval=1,
+                     max_staleness=0)
+    config = config.model_copy(update={"trainer": config.trainer.model_copy(
+        update={"checkpoint_dir": str(tiny_model_dir.parent / f"{config.name}-ckpt")})})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    _produce_tasks(clients, config, make_arithmetic_tasks(4, seed=3))
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+
+    deadline = time.monotonic() + 120
+    while explorer.role is None or explorer.role.state.finished_step < 0:
+        assert time.monotonic() < deadline, "step 0 did not finish"
+        time.sleep(0.5)
+    time.sleep(5)  # no trainer: step 1 needs weights v1, so the explorer must hold
+    assert explorer.role.state.next_step == 1
+    assert explorer.role.g_waiting._value.get() == 1
+    assert len(read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult, idle=1)) == 2
+
+    # Publish v1 as a trainer would: upload first, then the signal.
+    new_weights = {name: tensor + 0.01 for name, tensor in worker.role.engine.state_dict().items()}
+    published = ObjectStore(config.weights_url).publish(new_weights.items(), version=1)
+    producer = clients.producer()
+    producer.produce(config.topic("sync"), SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=1, trainer_step=1,
+                                                      method=SyncMethod.OBJECT_STORE, uri=published.uri,
+                                                      sha256=published.sha256, nbytes=published.nbytes))
+    producer.flush()
+    wait_for(explorer, [worker], 120)
+    served = worker.role.engine.state_dict()
+    worker.stop.request()
+    worker.join(60)
+
+    assert explorer.result.done and explorer.result.next_step == 2
+    experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience)
+    assert {e.batch_id: e.model_version for e in experiences} == {0: 0, 1: 1}
+    for name, tensor in new_weights.items():
+        assert torch.equal(served[name], tensor), name
     clients.close()

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from streamrft.engines.training import Batch, TrainingEngine, TrainingSettings, collate, lr_factor
+from streamrft.engines.training import TrainingEngine, TrainingSettings, collate, lr_factor
 from streamrft.schemas import Experience, RolloutKind, pack_f32, pack_i32, pack_u8
 
 VOCAB = 16
@@ -128,14 +128,17 @@ def grads(model) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batch_accumulation_equals_one_batch(agg):
     model = tiny_llama()
-    settings = dict(lr=1e-3, loss_agg=agg, entropy_coef=0.01, clip_low=0.1, clip_high=0.1)
+    # the ratio is taken against the rollout's logprobs (-1.0, far from the policy's), so clipping is exercised
+    settings = dict(lr=1e-3, loss_agg=agg, entropy_coef=0.01, clip_low=0.1, clip_high=0.1,
+                    recompute_old_logprobs=False, kl_coef=0.05)
     whole = TrainingEngine(model, TrainingSettings(micro_batch_size=4, **settings), device="cpu")
     split = TrainingEngine(copy.deepcopy(model), TrainingSettings(micro_batch_size=1, **settings), device="cpu")
-    # behaviour logprobs far from the policy's, so the ratio is not 1 and clipping is exercised
     batch_w = whole.prepare(EXPS)
     batch_s = split.prepare(EXPS)
     mw, ms = whole.backward(batch_w), split.backward(batch_s)
-    assert mw["actor/pg_loss"] == pytest.approx(ms["actor/pg_loss"], abs=1e-6)
+    assert 0 < mw["actor/pg_clipfrac"] < 1
+    for key in ("actor/loss", "actor/pg_loss", "actor/pg_clipfrac", "actor/entropy", "actor/kl_loss"):
+        assert mw[key] == pytest.approx(ms[key], abs=1e-6), key
     gw, gs = grads(whole.model), grads(split.model)
     assert gw and gw.keys() == gs.keys()
     for name in gw:
@@ -176,6 +179,15 @@ def test_state_dict_round_trip_resumes_identically():
     assert ma["actor/lr"] == mb["actor/lr"]
     for (n, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
         torch.testing.assert_close(pa, pb, atol=0, rtol=0, msg=n)
+
+
+@pytest.mark.model
+def test_bf16_autocast_step_runs_on_cpu():
+    engine = TrainingEngine(tiny_llama(), TrainingSettings(lr=1e-3, mixed_precision="bf16"), device="cpu")
+    assert engine.autocast_dtype == torch.bfloat16
+    metrics = engine.train_step(EXPS)
+    assert math.isfinite(metrics["actor/loss"]) and metrics["actor/grad_norm"] > 0
+    assert all(p.dtype == torch.float32 for p in engine.model.parameters())  # fp32 master weights
 
 
 @pytest.mark.model

@@ -141,7 +141,8 @@ def _collective_worker(rank: int, port: int, world: int, out_dir: str) -> None:
             if rank == 0:
                 broadcast_weights(group, sample_tensors(version), version, bucket_bytes=2048)
             else:
-                received = receive_weights(group)
+                # second sync: one reused staging buffer, so each tensor is copied before advancing
+                received = receive_weights(group, reuse_buffer=version == 2)
                 got = {name: t.clone() for name, t in received}
                 # safetensors keeps dtype/shape exactly; the parent compares
                 save_file(got, f"{out_dir}/rank{rank}-v{received.version}.safetensors")
@@ -159,3 +160,25 @@ def test_collective_broadcast_over_gloo_gives_identical_tensors(tmp_path: Path):
             got = load_file(tmp_path / f"rank{rank}-v{version}.safetensors")
             expected = sample_tensors(version)
             assert_same({n: got[n] for n, _ in expected}, expected)
+
+
+def test_shards_are_standard_safetensors_both_ways(tmp_path: Path):
+    """Our streaming writer's files load with the safetensors library, and our reader reads its files."""
+    from safetensors.torch import load_file
+
+    from streamrft.engines.weights.safetensors_io import read_safetensors
+
+    tensors = dict(sample_tensors())
+    pub = ObjectStore(tmp_path.as_uri()).publish(tensors.items(), version=1)
+    shard = _shards(tmp_path, 1)[0]
+    loaded = load_file(shard)
+    for name, t in tensors.items():
+        assert torch.equal(loaded[name], t) and loaded[name].dtype == t.dtype
+    assert read_manifest(pub.uri).shards[0].file == shard.name
+
+    theirs = tmp_path / "theirs.safetensors"
+    save_file(tensors, theirs, metadata={"k": "v"})
+    buf = torch.frombuffer(bytearray(theirs.read_bytes()), dtype=torch.uint8)
+    ours = read_safetensors(buf)
+    for name, t in tensors.items():
+        assert torch.equal(ours[name], t) and ours[name].dtype == t.dtype

@@ -1,0 +1,226 @@
+"""The embedded KRaft broker: it answers, transactions work, it never outlives its owner, and the
+`streamrft broker` commands manage a shared one. One session broker plus three short-lived ones (~3 s each)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from streamrft.broker import EmbeddedBroker, ensure_jars, kafka_for
+from streamrft.broker.jars import kafka_home, parse_java_major
+from streamrft.broker.state import process_alive, read_state
+from streamrft.config import load_config
+from streamrft.errors import BrokerError
+
+VERSION = load_config(env={}).broker.kafka_version
+
+
+def _port(bootstrap: str) -> int:
+    return int(bootstrap.rpartition(":")[2])
+
+
+def _port_open(bootstrap: str) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", _port(bootstrap)), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _wait_until(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+# -- no broker ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("output, major", [
+    ('openjdk version "17.0.15" 2025-04-15\nOpenJDK Runtime Environment (build 17.0.15+6-Debian-1deb12u1)', 17),
+    ('openjdk version "21" 2023-09-19\nOpenJDK 64-Bit Server VM (build 21+35-2513, mixed mode)', 21),
+    ('java version "1.8.0_292"\nJava(TM) SE Runtime Environment (build 1.8.0_292-b10)', 8),
+    ('openjdk version "22-ea" 2024-03-19', 22),
+])
+def test_java_version_parser(output: str, major: int) -> None:
+    assert parse_java_major(output) == major
+
+
+def test_old_java_is_refused_with_a_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from streamrft.broker.jars import find_java
+
+    fake = tmp_path / "jdk8" / "bin" / "java"
+    fake.parent.mkdir(parents=True)
+    fake.write_text('#!/bin/sh\necho \'java version "1.8.0_292"\' >&2\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "jdk8"))
+    with pytest.raises(BrokerError, match=r"Java 8; the embedded Kafka broker needs Java 17\+.*JAVA_HOME"):
+        find_java()
+    with pytest.raises(BrokerError, match="could not read the Java version"):
+        parse_java_major("command not found")
+
+
+def test_configured_cluster_is_used_as_is() -> None:
+    config = load_config(overrides={"kafka": {"bootstrap_servers": "kafka-1:9092"}}, env={})
+    with kafka_for(config) as bootstrap:
+        assert bootstrap == "kafka-1:9092"
+
+
+# -- the session broker -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.kafka
+def test_broker_answers_metadata(kafka_bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    topic = f"t-meta-{uuid.uuid4().hex[:8]}"
+    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])[topic].result(timeout=30)
+    # CreateTopics returns once the controller has committed; the broker's metadata cache follows moments later
+    assert _wait_until(lambda: topic in admin.list_topics(timeout=10).topics, timeout=10)
+    metadata = admin.list_topics(timeout=10)
+    assert len(metadata.brokers) >= 1
+    assert len(metadata.topics[topic].partitions) == 3
+
+
+@pytest.mark.kafka
+def test_transactions_commit_and_abort(kafka_bootstrap: str) -> None:
+    """A read_committed consumer sees the committed record and never the aborted one."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"t-txn-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])[topic].result(timeout=30)
+
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"txn-{uuid.uuid4().hex}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"aborted")
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    producer.produce(topic, key=b"k", value=b"committed")
+    producer.commit_transaction(30)
+
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer.subscribe([topic])
+    seen = []
+    deadline = time.monotonic() + 30
+    try:
+        while time.monotonic() < deadline and not seen:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                seen.append(msg.value())
+        # anything after the committed record would be the aborted one leaking through
+        extra = consumer.poll(1.0)
+    finally:
+        consumer.close()
+    assert seen == [b"committed"]
+    assert extra is None or extra.error() is not None
+
+
+# -- brokers of their own -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.kafka
+def test_second_broker_gets_other_ports_and_stop_cleans_up(kafka_bootstrap: str, tmp_path: Path) -> None:
+    data_dir = tmp_path / "second"
+    broker = EmbeddedBroker(data_dir=data_dir).start()
+    try:
+        pid, bootstrap = broker.pid, broker.bootstrap_servers
+        assert _port(bootstrap) != _port(kafka_bootstrap)
+        assert process_alive(pid, str(data_dir))
+        assert (data_dir / "broker.log").read_text().count("Kafka Server started") == 1
+    finally:
+        broker.stop()
+    assert not process_alive(pid, str(data_dir))
+    assert not _port_open(bootstrap)
+    assert not data_dir.exists()
+    with pytest.raises(BrokerError, match="not running"):
+        broker.bootstrap_servers
+
+
+@pytest.mark.kafka
+def test_broker_dies_with_its_owner(tmp_path: Path) -> None:
+    """Even a SIGKILLed owner leaves no broker behind: the watchdog stops it and removes its temporary data."""
+    script = textwrap.dedent("""
+        import time
+        from streamrft.broker import EmbeddedBroker
+        broker = EmbeddedBroker().start()
+        print(broker.pid, broker.data_dir, broker.bootstrap_servers, flush=True)
+        time.sleep(120)
+    """)
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pid, data_dir, bootstrap = owner.stdout.readline().split()
+        assert process_alive(int(pid), data_dir) and _port_open(bootstrap)
+    finally:
+        owner.kill()
+        owner.wait()
+    assert _wait_until(lambda: not process_alive(int(pid), data_dir), timeout=30)
+    assert _wait_until(lambda: not Path(data_dir).exists(), timeout=10)
+
+
+@pytest.fixture
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A private STREAMRFT_CACHE_DIR (own state file) that links to the already-resolved jars."""
+    ensure_jars(VERSION, quiet=True)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / f"kafka-{VERSION}").symlink_to(kafka_home(VERSION))
+    monkeypatch.setenv("STREAMRFT_CACHE_DIR", str(cache))
+    return {**os.environ, "STREAMRFT_CACHE_DIR": str(cache), "STREAMRFT_LOG_LEVEL": "WARNING"}
+
+
+@pytest.mark.kafka
+def test_cli_start_status_stop(isolated_cache: dict[str, str]) -> None:
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "streamrft.cli", "broker", *args], env=isolated_cache,
+                              capture_output=True, text=True, timeout=120)
+
+    assert cli("status").returncode == 1
+    started = cli("start")
+    try:
+        assert started.returncode == 0, started.stderr
+        bootstrap = started.stdout.strip().splitlines()[-1]
+        assert _port_open(bootstrap)
+
+        again = cli("start")
+        assert again.returncode == 1 and "already running" in again.stderr
+
+        status = cli("status")
+        assert status.returncode == 0 and status.stdout.strip() == bootstrap
+        assert "0 topics" in status.stderr
+
+        # every command finds this broker instead of starting its own
+        with kafka_for(load_config(env={})) as found:
+            assert found == bootstrap
+        state = read_state()
+        assert state is not None and state.bootstrap_servers == bootstrap
+    finally:
+        stopped = cli("stop")
+    assert stopped.returncode == 0 and "stopped" in stopped.stderr
+    assert not _port_open(bootstrap)
+    assert not process_alive(state.pid, state.data_dir) and not Path(state.data_dir).exists()
+    assert read_state() is None
+    assert cli("status").returncode == 1
+
+
+@pytest.mark.kafka
+def test_refuses_a_data_dir_with_foreign_files(tmp_path: Path) -> None:
+    """stop() deletes the data dir, so a directory holding anything else is never adopted."""
+    (tmp_path / "notes.txt").write_text("precious")
+    with pytest.raises(BrokerError, match="notes.txt"):
+        EmbeddedBroker(data_dir=tmp_path).start()
+    assert (tmp_path / "notes.txt").read_text() == "precious"
