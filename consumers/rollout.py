@@ -1,11 +1,11 @@
 """A rollout worker: one member of the ``<run>.rollout`` consumer group. Start more anywhere to scale out.
 
-For each RolloutRequest, read as numbered steps in ``_handle``:
+For each batch of RolloutRequests polled together, read as numbered steps in ``_handle``:
 1. skip it as CANCELLED if the explorer already cancelled its step (over-rollout);
 2. make sure the engine serves at least ``min_model_version`` (verified swap from object storage);
-3. run the workflow ``repeat_times`` times (the engine batches the samples);
-4. in ONE transaction: the Experiences (keyed by group_id), the RolloutResult, the worker's metrics and the
-   consumed offset — a worker killed mid-request leaves nothing visible, and the request is redelivered.
+3. run every request's workflow ``repeat_times`` times, the engine calls batched across requests;
+4. in ONE transaction: the Experiences (keyed by group_id), the RolloutResults, the worker's metrics and the
+   consumed offsets — a worker killed mid-batch leaves nothing visible, and its requests are redelivered.
 
 A workflow or reward that raises gives a FAILED result plus a dead letter with the traceback; the worker goes on.
 Between requests the worker follows ``sync`` and swaps to newly published weights when its sync style says so.
@@ -25,7 +25,8 @@ from ..config import RunConfig
 from ..engines.inference import InferenceEngine, SamplingParams, create_engine
 from ..engines.weights.errors import WeightIntegrityError
 from ..engines.weights.object_store import load_weights
-from ..engines.workflows.base import WorkflowError, WorkflowSample, run_workflow
+from ..engines.workflows.base import WorkflowError, WorkflowSample
+from ..engines.workflows.batch import run_workflows
 from ..kafka import KafkaClients, RecordProducer, Transactor, dead_letter
 from ..kafka.consumer import Delivered
 from ..lifecycle import StopSignal
@@ -95,59 +96,71 @@ class RolloutWorker:
         self._swap_to_latest()
         logger.info("%s: ready (engine %s, weights v%d)", self.worker_id, self.engine.kind, self.engine.version)
         while not self.stop.requested and (max_requests is None or self.handled < max_requests):
-            items = self.consumer.poll(max_records=1, timeout=0.5)
+            room = self.settings.requests_per_batch
+            if max_requests is not None:
+                room = min(room, max_requests - self.handled)
+            items = self.consumer.poll(max_records=room, timeout=0.5)
             self.sync.poll(0)
             if self.config.explorer.sync_style == "fully_async":
                 self._swap_to_latest()
-            for item in items:
+            if items:
                 self.consumer.pause()  # nothing more is fetched for us while the engine is busy
                 try:
-                    self._handle(item)
+                    self._handle(items)
                 finally:
                     self.consumer.resume()
         return self.handled
 
-    def _handle(self, item: Delivered[RolloutRequest]) -> None:
-        request = item.record
+    def _handle(self, items: list[Delivered[RolloutRequest]]) -> None:
         started = time.monotonic()
-        if request.kind == RolloutKind.TRAIN and request.batch_id <= self.sync.cancelled_step:  # 1.
-            outcome = self._cancelled(request)
-        else:
-            self._ensure_version(request.min_model_version)  # 2.
-            outcome = self._rollout(item)  # 3.
-        result = outcome[1]
-        result.duration_ms = int((time.monotonic() - started) * 1000)
+        cancelled = [i for i in items if i.record.kind == RolloutKind.TRAIN
+                     and i.record.batch_id <= self.sync.cancelled_step]  # 1.
+        runnable = [i for i in items if i not in cancelled]
+        outcomes = [self._cancelled(i.record) for i in cancelled]
+        if runnable:
+            self._ensure_version(max(i.record.min_model_version for i in runnable))  # 2.
+            outcomes += self._rollout(runnable)  # 3.
+        elapsed_ms = int((time.monotonic() - started) * 1000)
 
         def produce(producer: RecordProducer) -> None:  # 4.
-            experiences, result, letter = outcome
-            for experience in experiences:
-                producer.produce(self.config.topic("experiences"), experience)
-            producer.produce(self.config.topic("results"), result)
-            if letter is not None:
-                producer.send_dead_letter(letter)
-            self.metrics.publish(request.batch_id, {"rollout_worker/duration_ms": result.duration_ms,
-                                                    "rollout_worker/samples": len(experiences)},
-                                 tags={"kind": request.kind.value})
+            for experiences, result, letter in outcomes:
+                for experience in experiences:
+                    producer.produce(self.config.topic("experiences"), experience)
+                producer.produce(self.config.topic("results"), result)
+                if letter is not None:
+                    producer.send_dead_letter(letter)
+            samples = sum(len(experiences) for experiences, _, _ in outcomes)
+            self.metrics.publish(max(i.record.batch_id for i in items), {
+                "rollout_worker/batch_ms": elapsed_ms, "rollout_worker/requests": len(items),
+                "rollout_worker/samples": samples,
+                "rollout_worker/samples_per_s": samples / max(elapsed_ms / 1000, 1e-6)})
 
         if self.transactor.run(produce):
-            self.handled += 1
-            self.c_requests.labels(result.status.value).inc()
+            self.handled += len(items)
             self.c_busy.inc(time.monotonic() - started)
-            logger.info("%s: %s %s (step %d) -> %s, reward %.2f, %.1fs", self.worker_id, request.kind.value.lower(),
-                        request.request_id, request.batch_id, result.status.value, result.reward_mean,
-                        result.duration_ms / 1000)
+            for _, result, _ in outcomes:
+                self.c_requests.labels(result.status.value).inc()
+                logger.info("%s: %s %s (step %d) -> %s, reward %.2f", self.worker_id, result.kind.value.lower(),
+                            result.request_id, result.batch_id, result.status.value, result.reward_mean)
 
-    def _rollout(self, item: Delivered[RolloutRequest]):
-        request = item.record
-        try:
-            samples = run_workflow(request.task, self.engine, request.repeat_times, self.sampling)
-        except WorkflowError as exc:
-            logger.warning("%s: request %s at %s failed: %s", self.worker_id, request.request_id, item.where, exc)
-            error = f"{exc}\n{exc.cause_traceback}"
-            letter = dead_letter(topic=item.topic, partition=item.partition, offset=item.offset,
-                                 key=(item.key or "").encode(), value=self.clients.serde.encode(request, item.topic),
-                                 error=error, reason="workflow-error", stage="process", group=self.consumer.group_id)
-            return [], self._result(request, RolloutStatus.FAILED, [], error=error), letter
+    def _rollout(self, items: list[Delivered[RolloutRequest]]):
+        """Run the requests' workflows together (engine calls batched across them); one outcome per request."""
+        requests = [item.record for item in items]
+        started = time.monotonic()
+        outputs = run_workflows([r.task for r in requests], self.engine, [r.repeat_times for r in requests],
+                                self.sampling)
+        duration_ms = int((time.monotonic() - started) * 1000)
+        outcomes = []
+        for item, request, output in zip(items, requests, outputs):
+            if isinstance(output, WorkflowError):
+                outcome = self._failed(item, output)
+            else:
+                outcome = self._succeeded(request, output)
+            outcome[1].duration_ms = duration_ms
+            outcomes.append(outcome)
+        return outcomes
+
+    def _succeeded(self, request: RolloutRequest, samples: list[WorkflowSample]):
         self.c_tokens.inc(sum(s.response_length for s in samples))
         experiences = []
         if request.kind == RolloutKind.TRAIN:  # eval rollouts produce results and metrics only
@@ -160,6 +173,15 @@ class RolloutWorker:
             for experience in experiences:
                 experience.group_size = len(samples)
         return experiences, self._result(request, RolloutStatus.OK, samples), None
+
+    def _failed(self, item: Delivered[RolloutRequest], exc: WorkflowError):
+        request = item.record
+        logger.warning("%s: request %s at %s failed: %s", self.worker_id, request.request_id, item.where, exc)
+        error = f"{exc}\n{exc.cause_traceback}"
+        letter = dead_letter(topic=item.topic, partition=item.partition, offset=item.offset,
+                             key=(item.key or "").encode(), value=self.clients.serde.encode(request, item.topic),
+                             error=error, reason="workflow-error", stage="process", group=self.consumer.group_id)
+        return [], self._result(request, RolloutStatus.FAILED, [], error=error), letter
 
     def _cancelled(self, request: RolloutRequest):
         return [], self._result(request, RolloutStatus.CANCELLED, []), None

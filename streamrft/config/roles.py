@@ -84,6 +84,8 @@ class RolloutConfig(Section):
     engine: Literal["transformers", "vllm", "fake"] = "transformers"
     device: str = "auto"
     max_batch_size: int = Field(default=64, ge=1, description="sequences generated together")
+    requests_per_batch: int = Field(default=8, ge=1,
+                                    description="requests taken per poll and rolled out together (one transaction)")
     sampling: SamplingConfig = SamplingConfig()
     fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
     transaction_timeout_ms: int = Field(default=30_000, ge=1000,

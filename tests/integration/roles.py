@@ -65,3 +65,24 @@ def read_all(config, bootstrap: str, name: str, serde, record_type, idle: float 
 
 def group_sizes(experiences) -> Counter:
     return Counter(e.group_id for e in experiences)
+
+
+def write_config(config, path) -> str:
+    """A RunConfig as a YAML file a role subprocess can load (the bootstrap travels in the file)."""
+    import yaml
+
+    data = config.model_dump(mode="json", by_alias=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def role_process(command: list[str], config_path: str, log_path, **env):
+    """Start ``streamrft <command> CONFIG`` as its own process (its output goes to ``log_path``)."""
+    import os
+    import subprocess
+    import sys
+
+    environment = {**os.environ, "STREAMRFT_LOG_LEVEL": "INFO", **env}
+    log = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-m", "streamrft.cli", command[0], config_path, *command[1:]],
+                            stdout=log, stderr=subprocess.STDOUT, env=environment)

@@ -137,3 +137,44 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
     for name, tensor in new_weights.items():
         assert torch.equal(served[name], tensor), name
     clients.close()
+
+
+def test_sigkill_of_one_worker_loses_and_duplicates_nothing(run_config, tiny_model_dir, tmp_path):
+    import signal
+    import time
+
+    from .roles import role_process, write_config
+
+    config = _config(run_config, tiny_model_dir)
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={
+        "requests_per_batch": 2, "transaction_timeout_ms": 10_000,
+        "sampling": config.rollout.sampling.model_copy(update={"max_tokens": 24})})})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    _produce_tasks(clients, config, make_arithmetic_tasks(24, seed=4))
+    path = write_config(config, tmp_path / "run.yaml")
+    workers = {name: role_process(["rollout", "--worker-id", name], path, tmp_path / f"{name}.log")
+               for name in ("victim", "survivor")}
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any(r.worker_id == "victim" for r in
+                      read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult, idle=0.5)):
+            assert time.monotonic() < deadline, (tmp_path / "victim.log").read_text()[-3000:]
+            assert workers["victim"].poll() is None, (tmp_path / "victim.log").read_text()[-3000:]
+        workers["victim"].send_signal(signal.SIGKILL)  # mid-run: it has more requests in hand
+        wait_for(explorer, [], 300)
+    finally:
+        explorer.stop.request()
+        workers["survivor"].send_signal(signal.SIGTERM)
+        assert workers["survivor"].wait(60) == 0, (tmp_path / "survivor.log").read_text()[-3000:]
+        workers["victim"].wait(10)
+    assert workers["victim"].returncode == -signal.SIGKILL
+
+    results = read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult)
+    experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience)
+    assert sorted(r.request_id for r in results) == sorted({r.request_id for r in results})
+    assert len(results) == 24 and {r.status for r in results} == {RolloutStatus.OK}
+    assert len(experiences) == 96 and len({e.eid for e in experiences}) == 96
+    assert {r.worker_id for r in results} == {"victim", "survivor"}
+    clients.close()
