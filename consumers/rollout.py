@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from contextlib import contextmanager
 import socket
 import statistics
 import time
@@ -66,8 +68,10 @@ class RolloutWorker:
                                        max_tokens=self.settings.sampling.max_tokens)
         self.consumer = clients.consumer([config.topic("rollouts")], RolloutRequest, config.group("rollout"),
                                          client_id=self.worker_id,
-                                         # Prefetch little: requests left in a worker's queue wait for it.
-                                         extra={"queued.max.messages.kbytes": 256, "fetch.max.bytes": 1 << 20})
+                                         # Prefetch little: librdkafka stops fetching at these bounds, which
+                                         # is the worker's backpressure while it is busy.
+                                         extra={"queued.max.messages.kbytes": 256,
+                                                "queued.min.messages": 2 * self.settings.requests_per_batch})
         self.producer = clients.producer(
             transactional_id=f"{config.name}.{self.worker_id}", client_id=self.worker_id,
             # A killed worker's open transaction blocks read_committed readers until it times out.
@@ -104,12 +108,32 @@ class RolloutWorker:
             if self.config.explorer.sync_style == "fully_async":
                 self._swap_to_latest()
             if items:
-                self.consumer.pause()  # nothing more is fetched for us while the engine is busy
-                try:
+                with self._paused_while_busy():
                     self._handle(items)
-                finally:
-                    self.consumer.resume()
         return self.handled
+
+    @contextmanager
+    def _paused_while_busy(self):
+        """Pause our partitions when a batch keeps the engine busy for longer than ``pause_after_s``.
+
+        Pausing drops librdkafka's prefetched messages (they are fetched again on resume), so short batches
+        are not paused: the bounded prefetch queue already holds the backpressure for them."""
+        paused = threading.Event()
+
+        def pause() -> None:
+            self.consumer.pause()
+            paused.set()
+
+        timer = threading.Timer(self.settings.pause_after_s, pause)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            timer.join()
+            if paused.is_set():
+                self.consumer.resume()
 
     def _handle(self, items: list[Delivered[RolloutRequest]]) -> None:
         started = time.monotonic()

@@ -22,6 +22,24 @@ def register(subparsers) -> None:
     rollout.add_argument("--max-requests", type=int, default=None, help="stop after this many requests")
     rollout.set_defaults(func=run_rollout)
 
+    train = subparsers.add_parser("train", help="run the trainer of a run (resumes from its newest checkpoint)")
+    add_config_argument(train, positional=True)
+    train.add_argument("--replay-from", metavar="OFFSET|TIME", default=None,
+                       help="start a new lineage from this offset (every partition), epoch milliseconds or ISO "
+                            "8601 time (UTC unless a zone is given), or 'earliest', instead of the checkpoint / "
+                            "committed offsets")
+    train.add_argument("--group", metavar="NAME", default=None,
+                       help="train as consumer group <run>.NAME with checkpoints in <checkpoint_dir>-NAME: a "
+                            "second trainer on the same stream that leaves the main one (and the workers' weights) "
+                            "alone")
+    train.set_defaults(func=run_train)
+
+    monitor = subparsers.add_parser("monitor", help="export the run's metrics: Prometheus, TensorBoard, CSV")
+    add_config_argument(monitor, positional=True)
+    monitor.add_argument("--max-idle-s", type=float, default=None,
+                         help="stop once no metric came for this long (default: run until stopped)")
+    monitor.set_defaults(func=run_monitor)
+
 
 def run_explorer(args: argparse.Namespace) -> int:
     from ..consumers.explorer import Explorer
@@ -46,4 +64,30 @@ def run_rollout(args: argparse.Namespace) -> int:
             worker.run(max_requests=args.max_requests)
         finally:
             worker.close()
+    return 0
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from ..consumers.trainer import Trainer
+
+    config = config_from(args)
+    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
+        trainer = Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from)
+        try:
+            trainer.run()
+        finally:
+            trainer.close()
+    return 0
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    from ..consumers.monitor import Monitor
+
+    config = config_from(args)
+    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
+        monitor = Monitor(config, clients, stop)
+        try:
+            monitor.run(max_idle_s=args.max_idle_s)
+        finally:
+            monitor.close()
     return 0

@@ -87,6 +87,8 @@ class RolloutConfig(Section):
     requests_per_batch: int = Field(default=8, ge=1,
                                     description="requests taken per poll and rolled out together (one transaction)")
     sampling: SamplingConfig = SamplingConfig()
+    pause_after_s: float = Field(default=2.0, ge=0,
+                                 description="pause the worker's partitions when a batch runs longer than this")
     fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
     transaction_timeout_ms: int = Field(default=30_000, ge=1000,
                                         description="a killed worker's open transaction is aborted after this")
@@ -113,6 +115,16 @@ class WeightSyncConfig(Section):
     keep_last: int = Field(default=3, ge=1)
     shard_mb: int = Field(default=512, ge=1)
     bucket_mb: int = Field(default=64, ge=1, description="collective: broadcast bucket size")
+    collective_receivers: int = Field(default=1, ge=1,
+                                      description="collective: inference engines that join the group (rank 1..N)")
+    collective_host: str = Field(default="127.0.0.1",
+                                 description="collective: address receivers reach the trainer at (its host's IP "
+                                             "when they run elsewhere)")
+    collective_port: int = Field(default=0, ge=0, le=65534,
+                                 description="collective: group port (the rank-claim port is the next one); 0 = "
+                                             "any two free ports")
+    collective_timeout_s: float = Field(default=300.0, gt=0,
+                                        description="collective: wait this long for every receiver to join")
 
 
 class TrainerConfig(Section):
@@ -132,6 +144,7 @@ class TrainerConfig(Section):
     checkpoint_dir: str = "runs/{name}/checkpoints"
     keep_checkpoints: int = Field(default=2, ge=1)
     weights: WeightSyncConfig = WeightSyncConfig()
+    device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
     metrics_port: int | None = 9103
 
 

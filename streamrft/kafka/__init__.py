@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ..schemas import Record
@@ -72,6 +72,26 @@ class KafkaClients:
             raise KeyError(f"topic {topic} does not exist; create the run's topics first (streamrft topics --create)")
         index = 0 if which == "start" else 1
         return {(topic, p): watermarks(self.probe(), TopicPartition(topic, p))[index] for p in metadata.partitions}
+
+    def committed(self, group: str, topic: str) -> dict[tuple[str, int], int]:
+        """Committed next-offsets of ``group`` on ``topic``; partitions without a commit are left out."""
+        from .admin import _committed
+
+        return {(tp.topic, tp.partition): tp.offset for tp in _committed(self.admin(), group, 10.0)
+                if tp.topic == topic and tp.offset >= 0}
+
+    def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[tuple[str, int], int]:
+        """Per partition of ``topic``, the first offset whose record timestamp is >= ``timestamp_ms`` (the end
+        offset where no record is that recent)."""
+        ends = self.offsets(topic, "end")
+        found = self.probe().offsets_for_times([TopicPartition(t, p, timestamp_ms) for (t, p) in ends],
+                                               timeout=10)
+        out = {}
+        for tp in found:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            out[(tp.topic, tp.partition)] = tp.offset if tp.offset >= 0 else ends[(tp.topic, tp.partition)]
+        return out
 
     def ensure_topics(self) -> list[str]:
         return ensure_topics(self.admin(), run_topics(self.config))

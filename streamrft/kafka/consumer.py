@@ -124,6 +124,13 @@ class RecordConsumer(Generic[R]):
         if offsets:
             self._consumer.commit(offsets=offsets, asynchronous=False)
 
+    def commit_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+        """Commit explicit next-offsets (a caller that holds read records back, e.g. the trainer's buffer,
+        commits less than it has read, so the group's lag still counts them)."""
+        if offsets:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                  asynchronous=False)
+
     def forget_pending(self) -> None:
         self._pending.clear()
 
@@ -146,6 +153,15 @@ class RecordConsumer(Generic[R]):
     def positions(self) -> dict[tuple[str, int], int]:
         """Next offset per partition for everything handed out so far (or as assigned)."""
         return dict(self._pending)
+
+    def fetch_positions(self) -> dict[tuple[str, int], int]:
+        """The consumer's own position per assigned partition: unlike :meth:`positions` it moves past
+        transaction markers, so it reaches the end offset once a partition is read to its end."""
+        out = dict(self._pending)
+        for tp in self._consumer.position(self._consumer.assignment()):
+            if tp.offset >= 0:
+                out[(tp.topic, tp.partition)] = max(tp.offset, out.get((tp.topic, tp.partition), 0))
+        return out
 
     def rewind_to_start(self, timeout: float = 10.0) -> None:
         """Seek every assigned partition to its first offset (a new epoch over the topic); the start becomes

@@ -1,0 +1,435 @@
+"""The trainer role on the real broker with a tiny real model: learning, exact resume after SIGKILL, weight
+publishing (object store and collective), refusal of corrupted weights, short batches, fan-out and replay."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from streamrft.config import load_config
+from streamrft.errors import ConfigError
+from streamrft.lifecycle import StopSignal
+from streamrft.consumers.trainer import (
+    Checkpoints,
+    GroupBuffer,
+    ReplayStart,
+    Trainer,
+    parse_replay_from,
+    staleness_bound,
+)
+from streamrft.kafka import KafkaClients
+from streamrft.kafka.consumer import Delivered
+from streamrft.schemas import (
+    Experience,
+    Metric,
+    RolloutKind,
+    SyncKind,
+    SyncMethod,
+    SyncSignal,
+    pack_f32,
+    pack_i32,
+)
+
+from .roles import RoleThread, read_all, wait_for
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model]
+
+PROMPT = [5, 6, 7, 8]
+
+
+# ----------------------------------------------------------------------------------------------------- helpers
+def _settings(tiny_model_dir, ckpt: Path, *, trainer: dict | None = None, explorer: dict | None = None) -> dict:
+    """Overrides of a run config (also written as YAML for trainer subprocesses)."""
+    return {
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"batch_size": 2, "repeat_times": 4, "metrics_port": None, **(explorer or {})},
+        "rollout": {"sampling": {"max_tokens": 3}, "metrics_port": None},
+        "trainer": {"checkpoint_dir": str(ckpt), "metrics_port": None, "device": "cpu", "lr": 1e-3,
+                    "micro_batch_size": 8, **(trainer or {})},
+    }
+
+
+def _clients(config) -> KafkaClients:
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    return clients
+
+
+def make_group(step: int, index: int, size: int = 4, version: int = 0, seed: int = 0) -> list[Experience]:
+    """One GRPO group of synthetic experiences (random 3-token responses, rewards 0/1)."""
+    rng = random.Random(f"{seed}-{step}-{index}")
+    group_id = f"s{step}-t{index}"
+    out = []
+    for run in range(size):
+        response = [rng.randrange(3, 90) for _ in range(3)]
+        out.append(Experience(eid=f"{group_id}/{run}", group_id=group_id, task_id=f"t{index}", batch_id=step,
+                              kind=RolloutKind.TRAIN, run_index=run, model_version=version,
+                              tokens=pack_i32(PROMPT + response), prompt_length=len(PROMPT),
+                              logprobs=pack_f32([-4.5] * 3), reward=float(run % 2 == rng.randrange(2)),
+                              group_size=size))
+    return out
+
+
+def produce(clients, config, experiences) -> None:
+    producer = clients.producer()
+    for exp in experiences:
+        producer.produce(config.topic("experiences"), exp)
+    producer.flush()
+
+
+def steps_of(first: int, last: int, groups: int = 2, seed: int = 0) -> list[Experience]:
+    return [e for s in range(first, last + 1) for g in range(groups) for e in make_group(s, g, seed=seed)]
+
+
+def trainer_thread(config, clients, **kwargs) -> RoleThread:
+    return RoleThread(f"trainer-{kwargs.get('group') or 'main'}",
+                      lambda stop: Trainer(config, clients, stop, **kwargs)).start()
+
+
+def audit_eids(root: Path) -> list[str]:
+    return [eid for entry in Checkpoints(root, 1).audit() for eid in entry["eids"]]
+
+
+# ------------------------------------------------------------------------------------- no broker, no model
+@pytest.mark.parametrize("text, expected", [
+    ("0", ReplayStart(offset=0)), ("1200", ReplayStart(offset=1200)), ("earliest", ReplayStart(offset=0)),
+    ("1767225600000", ReplayStart(timestamp_ms=1767225600000)),
+    ("2026-01-01T00:00:00Z", ReplayStart(timestamp_ms=1767225600000)),
+    ("2026-01-01T00:00:00", ReplayStart(timestamp_ms=1767225600000)),
+    ("2026-01-01T01:00:00+01:00", ReplayStart(timestamp_ms=1767225600000)),
+])
+def test_replay_from_parses_offsets_and_times(text, expected):
+    assert parse_replay_from(text) == expected
+
+
+def test_staleness_bound_covers_fixed_pacing():
+    def bound(**explorer):
+        return staleness_bound(load_config(overrides={"explorer": explorer}, env={}))
+
+    assert bound(sync_style="fixed", sync_interval=1, max_staleness=1) == 1
+    assert bound(sync_style="fixed", sync_interval=4, sync_offset=1, max_staleness=1) == 4
+    assert bound(sync_style="fully_async", sync_interval=4, max_staleness=2) == 2
+
+
+def test_group_buffer_completes_orders_and_holds_offsets():
+    buffer = GroupBuffer(default_group_size=4)
+    items = {}
+    for step, index, partition, base in ((1, 0, 0, 10), (0, 1, 1, 20), (0, 2, 0, 30)):
+        for k, exp in enumerate(make_group(step, index, size=2 if index == 2 else 4)):
+            items.setdefault(exp.group_id, []).append(Delivered(exp, "x", partition, base + k, exp.group_id, 0))
+    for item in items["s1-t0"] + items["s0-t1"][:3] + items["s0-t2"]:
+        assert buffer.add(item, now=0.0)
+    assert not buffer.add(items["s1-t0"][0])  # duplicate eid
+    assert [g.group_id for g in buffer.complete_groups()] == ["s0-t2", "s1-t0"]  # oldest batch_id first
+    assert [g.group_id for g in buffer.expired(now=5.0, timeout_s=5.0)] == ["s0-t1"]
+    assert buffer.low_water() == {("x", 0): 10, ("x", 1): 20}
+    buffer.remove(buffer.complete_groups())
+    assert len(buffer) == 3 and buffer.low_water() == {("x", 1): 20}
+
+
+# ------------------------------------------------------------------------------------------- with the broker
+def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config, tiny_model_dir, tmp_path):
+    """Reward 1 when the response starts with a digit (~10 % for the random tiny model): 20 fixed-pacing steps,
+    each trained on the previous weights, must raise it clearly."""
+    from streamrft.consumers.explorer import Explorer
+    from streamrft.consumers.rollout import RolloutWorker
+    from streamrft.engines.models import build_tiny_tokenizer
+    from streamrft.engines.workflows import SingleTurnWorkflow, register_workflow, unregister_workflow
+    from streamrft.engines.workflows.rewards import Reward
+    from streamrft.schemas import Task
+
+    digits = set(build_tiny_tokenizer().convert_tokens_to_ids(list("0123456789")))
+
+    @register_workflow("test-first-digit", replace=True)
+    class FirstDigit(SingleTurnWorkflow):
+        def messages(self, payload):
+            return [{"role": "user", "content": payload["question"]}]
+
+        def score_sample(self, completion, payload):
+            hit = bool(completion.response_ids) and completion.response_ids[0] in digits
+            return Reward(float(hit), correct=hit)
+
+    steps = 20
+    config = run_config(**_settings(
+        tiny_model_dir, tmp_path / "ckpt",
+        explorer={"batch_size": 4, "repeat_times": 8, "total_steps": steps, "sync_style": "fixed",
+                  "sync_interval": 1},
+        trainer={"lr": 1e-2, "micro_batch_size": 32, "total_steps": steps, "save_interval": 100,
+                 "algorithm": {"clip_high": 0.28}}))
+    clients = _clients(config)
+    producer = clients.producer()
+    for i in range(steps * 4):
+        producer.produce(config.topic("tasks"), Task(task_id=f"q{i}", workflow="test-first-digit",
+                                                     payload=json.dumps({"question": "Say a number."})))
+    producer.flush()
+    try:
+        started = time.monotonic()
+        worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+        explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+        trainer = trainer_thread(config, clients)
+        wait_for(trainer, [worker, explorer], 240)
+        wait_for(explorer, [worker], 60)
+        elapsed = time.monotonic() - started
+        served_version = worker.role.engine.version
+        worker.stop.request()
+        worker.join(60)
+    finally:
+        unregister_workflow("test-first-digit")
+
+    assert trainer.result == steps
+    metrics = [m for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric)
+               if m.role == "trainer" and m.name == "actor/reward_mean"]
+    reward = {m.step: m.value for m in metrics}
+    assert sorted(reward) == list(range(1, steps + 1))
+    first, last = (sum(reward[s] for s in r) / 5 for r in (range(1, 6), range(steps - 4, steps + 1)))
+    print(f"\nreward first 5 steps {first:.3f} -> last 5 steps {last:.3f}; {steps} steps in {elapsed:.1f}s")
+    assert last > first + 0.3, (first, last)
+    # every trainer step used the weights of the step before (fixed pacing, sync_interval 1): nothing stale
+    staleness = [m.value for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric, idle=0.5)
+                 if m.name == "trainer/staleness"]
+    assert staleness and max(staleness) == 0
+    assert served_version >= steps - 1
+    from safetensors.torch import load_file
+
+    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    trained = dict(trainer.role.engine.named_weights())
+    assert any(not torch.equal(initial[name], trained[name]) for name in initial if name in trained)
+    clients.close()
+
+
+def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, tiny_model_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    settings = _settings(tiny_model_dir, ckpt, trainer={"total_steps": 12, "save_interval": 4})
+    config = run_config(**settings)
+    clients = _clients(config)
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump({"name": config.name, **settings}))
+    env = {**os.environ, "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+           "STREAMRFT_LOG_LEVEL": "INFO", "COLUMNS": "400"}
+    everything = steps_of(0, 11)
+    produce(clients, config, everything[: 5 * 8 + 4])  # five batches and one group of the sixth
+
+    def start(log_name: str) -> subprocess.Popen:
+        log = open(tmp_path / log_name, "w")
+        return subprocess.Popen([sys.executable, "-m", "streamrft.cli", "train", str(config_file)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+
+    checkpoints = Checkpoints(ckpt, 2)
+    first = start("first.log")
+    try:
+        deadline = time.monotonic() + 120
+        while not any(entry["step"] == 5 for entry in checkpoints.audit()):
+            assert first.poll() is None, (tmp_path / "first.log").read_text()
+            assert time.monotonic() < deadline, "the first run did not reach step 5"
+            time.sleep(0.1)
+        time.sleep(0.3)
+        assert 4 in checkpoints.steps()
+        first.send_signal(signal.SIGKILL)  # step 5 is trained (and committed) but not checkpointed
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    produce(clients, config, everything[5 * 8 + 4:])
+    second = start("second.log")
+    assert second.wait(120) == 0, (tmp_path / "second.log").read_text()
+    log = (tmp_path / "second.log").read_text()
+    assert "resuming from" in log and "step 4" in log, log
+
+    audit = checkpoints.audit()
+    assert [entry["step"] for entry in audit] == list(range(1, 13))
+    eids = audit_eids(ckpt)
+    assert len(eids) == len(set(eids)) == len(everything)  # nothing trained twice
+    assert set(eids) == {e.eid for e in everything}  # nothing skipped
+    assert checkpoints.steps()[-1] == 12
+    clients.close()
+
+
+def _assert_same_weights(served: dict[str, torch.Tensor], trainer: Trainer) -> None:
+    expected = dict(trainer.engine.named_weights())
+    assert expected
+    for name, tensor in expected.items():
+        assert torch.equal(served[name].cpu(), tensor.cpu()), name
+
+
+def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(run_config, tiny_model_dir,
+                                                                                  tmp_path):
+    from streamrft.consumers.rollout import RolloutWorker
+    from streamrft.engines.weights import ObjectStore
+    from streamrft.sync import SyncView
+
+    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", trainer={"total_steps": 1}))
+    clients = _clients(config)
+    produce(clients, config, steps_of(0, 0))
+    trainer = trainer_thread(config, clients)
+    trainer.join(120)
+    view = SyncView(clients, client_id="test-sync")
+    view.catch_up()
+    signal_v1 = view.weights
+    view.close()
+    assert signal_v1.version == 1 and signal_v1.method == SyncMethod.OBJECT_STORE and signal_v1.source == "trainer"
+
+    worker = RolloutWorker(config, clients, StopSignal(), "w0")
+    try:
+        assert worker.load(signal_v1) and worker.engine.version == 1
+        _assert_same_weights(worker.engine.state_dict(), trainer.role)
+
+        store = ObjectStore(config.weights_url, keep_last=5, max_shard_bytes=64 << 10)
+        shifted = {n: t + 0.5 for n, t in trainer.role.engine.named_weights()}
+        for version, damage in ((2, "corrupt"), (3, "truncate")):
+            published = store.publish(shifted.items(), version=version)
+            shard = sorted((Path(published.uri.removeprefix("file://")).parent).glob("*.safetensors"))[-1]
+            data = bytearray(shard.read_bytes())
+            if damage == "corrupt":
+                data[len(data) // 2] ^= 0xFF
+            else:
+                data = data[: len(data) - 100]
+            shard.write_bytes(bytes(data))
+            bad = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
+                             method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
+                             nbytes=published.nbytes)
+            assert worker.load(bad) is False, damage
+            assert worker.engine.version == 1
+            _assert_same_weights(worker.engine.state_dict(), trainer.role)  # the old weights stay
+    finally:
+        worker.close()
+    clients.close()
+
+
+def _collective_receiver(bootstrap: str, overrides: dict, model_dir: str, out: str, version: int) -> None:
+    """Child process: find NCCL_READY on sync, join as a receiver, load the broadcast weights into an engine."""
+    from streamrft.consumers.trainer import CollectiveReceiver, find_collective_ready
+    from streamrft.engines.inference import create_engine
+
+    config = load_config(overrides=overrides, env={})
+    clients = KafkaClients(config, bootstrap)
+    receiver = CollectiveReceiver(find_collective_ready(clients, timeout_s=60), timeout_s=60).start()
+    engine = create_engine("transformers", model_dir, device="cpu")
+    got, tensors = receiver.wait(version, timeout=120)
+    engine.load_weights(tensors, got)
+    torch.save({name: t.clone() for name, t in engine.state_dict().items()}, out)
+    receiver.close(timeout=60)  # until the trainer's farewell
+    clients.close()
+    if receiver.error is not None:
+        raise receiver.error
+
+
+def test_collective_broadcast_reaches_a_receiver_process_over_gloo(run_config, tiny_model_dir, tmp_path):
+    import multiprocessing
+
+    overrides = _settings(tiny_model_dir, tmp_path / "ckpt",
+                          trainer={"total_steps": 2, "weights": {"method": "collective", "collective_timeout_s": 90}})
+    config = run_config(**overrides)
+    clients = _clients(config)
+    produce(clients, config, steps_of(0, 1))
+    trainer = trainer_thread(config, clients)
+    out = tmp_path / "received.pt"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_collective_receiver,
+        args=(config.kafka.bootstrap_servers, {"name": config.name, "kafka": {"bootstrap_servers":
+              config.kafka.bootstrap_servers}, **overrides}, str(tiny_model_dir), str(out), 2))
+    child.start()
+    try:
+        trainer.join(150)
+        child.join(60)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+    _assert_same_weights(torch.load(out, weights_only=True), trainer.role)
+    signals = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)]
+    ready = [s for s in signals if s.kind == SyncKind.NCCL_READY]
+    published = [s for s in signals if s.kind == SyncKind.WEIGHTS_PUBLISHED]
+    assert len(ready) == 1 and json.loads(ready[0].state)["world_size"] == 2
+    assert [(s.version, s.method, s.uri) for s in published] == [(v, SyncMethod.COLLECTIVE, ready[0].uri)
+                                                                  for v in (1, 2)]
+    clients.close()
+
+
+def test_short_batches_when_the_explorer_finished_steps_with_fewer_groups(run_config, tiny_model_dir, tmp_path):
+    """Steps lost groups (failed tasks): once the explorer reports a step finished, the trainer trains the
+    groups it has instead of waiting forever; once it reports done, an incomplete group is dropped, the rest
+    trained, and the trainer stops."""
+    from streamrft.sync import ExplorerState
+
+    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt"))
+    clients = _clients(config)
+    producer = clients.producer()
+
+    def explorer_reports(finished_step: int, done: bool = False) -> None:
+        state = ExplorerState(next_step=finished_step + 1, finished_step=finished_step, done=done)
+        producer.produce(config.topic("sync"), SyncSignal(kind=SyncKind.EXPLORER_STATE, version=state.next_step,
+                                                          state=state.to_json()))
+        producer.flush()
+
+    produce(clients, config, make_group(0, 0))
+    trainer = trainer_thread(config, clients)
+    time.sleep(3)
+    assert trainer.thread.is_alive() and trainer.role.step == 0  # nothing says step 0 is over yet
+    explorer_reports(0)
+    deadline = time.monotonic() + 30
+    while trainer.role.step < 1:
+        assert time.monotonic() < deadline and trainer.thread.is_alive()
+        time.sleep(0.1)
+    produce(clients, config, make_group(1, 0) + make_group(1, 1)[:3])
+    explorer_reports(1, done=True)
+    trainer.join(60)
+
+    audit = Checkpoints(config.checkpoint_dir, 1).audit()
+    assert [sorted(entry["eids"]) for entry in audit] == [[e.eid for e in make_group(0, 0)],
+                                                          [e.eid for e in make_group(1, 0)]]
+    metrics = read_all(config, clients.bootstrap, "metrics", clients.serde, Metric, idle=0.5)
+    assert {m.step: m.value for m in metrics if m.name == "trainer/short_batch"} == {1: 1.0, 2: 1.0}
+    assert {m.step: m.value for m in metrics if m.name == "trainer/dropped_incomplete"} == {1: 0.0, 2: 3.0}
+    assert trainer.result == 2
+    clients.close()
+
+
+def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tiny_model_dir, tmp_path):
+    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", trainer={"total_steps": 2}))
+    clients = _clients(config)
+    early, late = steps_of(0, 1), steps_of(2, 3)
+    produce(clients, config, early)
+    main = trainer_thread(config, clients)
+    main.join(120)
+    time.sleep(0.05)
+    boundary_ms = int(time.time() * 1000)
+    time.sleep(0.05)
+    produce(clients, config, late)
+    assert sorted(audit_eids(config.checkpoint_dir)) == sorted(e.eid for e in early)
+    group, topic = config.group("trainer"), config.topic("experiences")
+    deadline = time.monotonic() + 10
+    while not (committed := clients.committed(group, topic)):
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+    everything = config.model_copy(update={"trainer": config.trainer.model_copy(update={"total_steps": 4})})
+    fan_out = trainer_thread(everything, clients, group="fanout", replay_from="earliest")
+    replay = trainer_thread(config, clients, group="replay", replay_from=str(boundary_ms))
+    fan_out.join(120)
+    replay.join(120)
+
+    root = config.checkpoint_dir
+    assert sorted(audit_eids(root.with_name(root.name + "-fanout"))) == sorted(e.eid for e in early + late)
+    assert sorted(audit_eids(root.with_name(root.name + "-replay"))) == sorted(e.eid for e in late)
+    assert sorted(audit_eids(root)) == sorted(e.eid for e in early)  # the main lineage is untouched
+    assert clients.committed(group, topic) == committed
+    assert clients.committed(config.group("fanout"), topic)
+    published = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
+                 if s.kind == SyncKind.WEIGHTS_PUBLISHED]
+    assert [(s.version, s.source) for s in published] == [(1, "trainer"), (2, "trainer")]
+    again = Trainer(config, clients, StopSignal(), group="fanout", replay_from="earliest")
+    try:
+        with pytest.raises(ConfigError, match="already holds checkpoints"):
+            again.run()
+    finally:
+        again.close()
+    clients.close()
