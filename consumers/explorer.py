@@ -79,7 +79,7 @@ class Explorer:
                                registry=self.registry)
         self.c_results = Counter("streamrft_explorer_results", "rollout results by status", ["status"],
                                  registry=self.registry)
-        serve_prometheus(self.settings.metrics_port, self.registry)
+        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> ExplorerState:
@@ -335,7 +335,7 @@ class Explorer:
         logger.info("explorer: done after %d steps", self.state.next_step)
 
     def close(self) -> None:
-        for closer in (self.tasks.close, self.results.close, self.sync.close):
+        for closer in (self.tasks.close, self.results.close, self.sync.close, self.endpoint.close):
             try:
                 closer()
             except Exception:  # closing is best-effort; the broker times out members anyway
@@ -343,7 +343,6 @@ class Explorer:
 
 
 def load_eval_tasks(taskset: EvalTaskset) -> list[Task]:
-    mapping = FieldMapping(prompt_key=taskset.prompt_key, answer_key=taskset.answer_key, workflow=taskset.workflow,
-                           taskset=taskset.name)
+    mapping = FieldMapping.from_task_file(taskset)
     tasks = [t for t in read_tasks(taskset.path, mapping) if isinstance(t, Task)]
     return tasks[: taskset.max_tasks] if taskset.max_tasks else tasks

@@ -275,7 +275,8 @@ class Monitor:
             self.prometheus.update(row)
         self.tensorboard = (TensorBoardExport.open(self.output_dir / TENSORBOARD_DIR)
                             if self.settings.tensorboard else None)
-        self.metrics_port = serve_prometheus(self.settings.metrics_port, self.registry)
+        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
+        self.metrics_port = self.endpoint.port
         self.consumer = clients.consumer([config.topic("metrics")], Metric, config.group("monitor"),
                                          client_id=source)
         self.exported = 0
@@ -323,7 +324,7 @@ class Monitor:
             self.tensorboard.flush()
 
     def close(self) -> None:
-        for closer in (self.consumer.close, self.tensorboard.close if self.tensorboard else None):
+        for closer in (self.consumer.close, self.endpoint.close, self.tensorboard.close if self.tensorboard else None):
             if closer is None:
                 continue
             try:

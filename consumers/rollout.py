@@ -92,7 +92,7 @@ class RolloutWorker:
         self.c_busy = Counter("streamrft_rollout_busy_seconds", "seconds spent handling requests",
                               registry=self.registry)
         self.g_version = Gauge("streamrft_rollout_model_version", "weights version loaded", registry=self.registry)
-        serve_prometheus(self.settings.metrics_port, self.registry)
+        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self, max_requests: int | None = None) -> int:
@@ -262,7 +262,7 @@ class RolloutWorker:
 
     def close(self) -> None:
         """Leave the group at once so the partitions move to the other workers; release the engine."""
-        for closer in (self.consumer.close, self.sync.close, self.engine.close):
+        for closer in (self.consumer.close, self.sync.close, self.engine.close, self.endpoint.close):
             try:
                 closer()
             except Exception:

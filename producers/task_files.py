@@ -30,6 +30,14 @@ class FieldMapping:
     repeat_times: int | None = None
 
 
+    @classmethod
+    def from_task_file(cls, task_file, **overrides) -> "FieldMapping":
+        """The mapping a config ``TaskFile`` (or ``EvalTaskset``) describes."""
+        taskset = task_file.taskset or getattr(task_file, "name", None) or Path(task_file.path).stem
+        return cls(prompt_key=task_file.prompt_key, answer_key=task_file.answer_key, workflow=task_file.workflow,
+                   taskset=taskset, **overrides)
+
+
 @dataclass(frozen=True)
 class Rejected:
     line: int

@@ -44,5 +44,17 @@ def fingerprint64(schema: dict | str) -> bytes:
 
 
 def parsed(schema: dict) -> dict:
-    """fastavro's parsed form of a complete schema; each call gets its own named-type table."""
-    return parse_schema(schema, named_schemas={}, _write_hint=False)
+    """fastavro's parsed form of a complete schema; each call gets its own named-type table.
+
+    ``logicalType`` annotations are dropped: they do not change the binary encoding (nor the canonical form, so
+    not the fingerprint), and without them fastavro hands timestamps over as the integer milliseconds the records
+    hold instead of building datetime objects for every record."""
+    return parse_schema(_without_logical_types(schema), named_schemas={}, _write_hint=False)
+
+
+def _without_logical_types(node):
+    if isinstance(node, dict):
+        return {k: _without_logical_types(v) for k, v in node.items() if k != "logicalType"}
+    if isinstance(node, list):
+        return [_without_logical_types(v) for v in node]
+    return node

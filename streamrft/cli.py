@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "tail",
     "model",
     "roles",
+    "run",
     "report",
 )
 

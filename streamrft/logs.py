@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 
+from rich.console import Console
 from rich.logging import RichHandler
 
 
@@ -15,6 +16,6 @@ def configure_logging(verbosity: int = 0) -> None:
         level=level,
         format="%(name)s: %(message)s",
         datefmt="[%X]",
-        handlers=[RichHandler(show_path=False)],
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],  # stdout stays for data
         force=True,
     )

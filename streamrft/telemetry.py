@@ -29,17 +29,30 @@ class MetricsPublisher:
                                                      value=float(value), step=step, tags=dict(tags or {})))
 
 
-def serve_prometheus(port: int | None, registry: CollectorRegistry) -> int | None:
-    """Expose ``registry`` on ``port`` (0 = any free port, None = off). Returns the bound port, or None when
-    the port is taken (another role on this host) — metrics still flow through the metrics topic."""
+class PrometheusEndpoint:
+    """A role's ``/metrics`` HTTP endpoint; ``port`` is None when it is off or could not bind."""
+
+    def __init__(self, server=None):
+        self._server = server
+        self.port = server.server_port if server is not None else None
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def serve_prometheus(port: int | None, registry: CollectorRegistry) -> PrometheusEndpoint:
+    """Expose ``registry`` on ``port`` (0 = any free port, None = off). When the port is taken (another role on
+    this host) the role goes on without it — its metrics still flow through the metrics topic."""
     if port is None:
-        return None
+        return PrometheusEndpoint()
     try:
         server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)
     except OSError as exc:
         logger.warning("Prometheus endpoint not started on port %s (%s); set *.metrics_port to a free port",
                        port, exc.strerror)
-        return None
-    bound = server.server_port
-    logger.info("Prometheus metrics on :%d/metrics", bound)
-    return bound
+        return PrometheusEndpoint()
+    logger.info("Prometheus metrics on :%d/metrics", server.server_port)
+    return PrometheusEndpoint(server)

@@ -32,14 +32,30 @@ class OverRolloutConfig(Section):
     wait_after_min_s: float = Field(default=0.0, ge=0)
 
 
-class EvalTaskset(Section):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+class TaskFile(Section):
+    """A task file (JSONL, JSON array, CSV, Parquet) and how its rows map onto tasks."""
+
     path: str
     workflow: str = "arithmetic"
     prompt_key: str = "question"
-    answer_key: str = "answer"
+    answer_key: str | None = "answer"
+    taskset: str | None = None  # default: the file name without suffix
+
+
+class EvalTaskset(TaskFile):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
     repeat_times: int = Field(default=1, ge=1)
     max_tasks: int | None = Field(default=None, ge=1)
+
+
+class LaunchConfig(Section):
+    """What ``streamrft run`` starts on this machine."""
+
+    rollout_workers: int = Field(default=1, ge=0)
+    task_files: tuple[TaskFile, ...] = ()
+    rollout_metrics_port_base: int = Field(default=9110, ge=0,
+                                           description="worker i exposes Prometheus on base + i (0 = any)")
+    dashboard_refresh_s: float = Field(default=2.0, gt=0)
 
 
 class SelectorConfig(Section):

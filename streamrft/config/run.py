@@ -11,7 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from ..errors import ConfigError
 from .base import Section, explain
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
-from .roles import ExplorerConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
+from .roles import ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
 
 ENV_PREFIX = "STREAMRFT_"
 TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
@@ -29,6 +29,7 @@ class RunConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
     monitor: MonitorConfig = MonitorConfig()
+    launch: LaunchConfig = LaunchConfig()
 
     model_config = Section.model_config | {"populate_by_name": True}
 

@@ -31,7 +31,6 @@ class RecordProducer:
         self.transactional = "transactional.id" in props
         self._producer = Producer(props)
         self._failures: list[str] = []
-        self.delivered = 0
 
     # -- producing ------------------------------------------------------------------------------------------
     def produce(self, topic: str, record: Record, key: str | None = None,
@@ -59,11 +58,10 @@ class RecordProducer:
         self.produce_raw(letter.topic, letter.value, letter.key, letter.headers)
 
     def _on_delivery(self, err: KafkaError | None, msg) -> None:
+        # Only failures are reported (delivery.report.only.error): no Python call per delivered record.
         if err is not None:
             key = msg.key().decode(errors="replace") if msg.key() else None
             self._failures.append(f"{msg.topic()}[{msg.partition()}] key={key}: {err.str()}")
-        else:
-            self.delivered += 1
 
     def flush(self, timeout: float = 60.0) -> None:
         """Wait for every record to be acknowledged; raise DeliveryError if any failed or is still queued."""

@@ -27,7 +27,9 @@ def producer_props(kafka: KafkaConfig, bootstrap: str, transactional_id: str | N
                    client_id: str = "streamrft") -> dict:
     defaults = {"linger.ms": 5, "message.max.bytes": MAX_MESSAGE_BYTES, "client.id": client_id,
                 "logger": _librdkafka_logger}
-    guarantees = {"enable.idempotence": True, "acks": "all"}
+    # delivery.report.only.error: successful deliveries cost no Python callback; failures are still reported
+    # (and raised at flush), which is all the producer wrapper needs.
+    guarantees = {"enable.idempotence": True, "acks": "all", "delivery.report.only.error": True}
     if transactional_id:
         guarantees["transactional.id"] = transactional_id
     return _merge(defaults, kafka.producer, kafka.client_properties(bootstrap), guarantees)

@@ -414,8 +414,8 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     everything = config.model_copy(update={"trainer": config.trainer.model_copy(update={"total_steps": 4})})
     fan_out = trainer_thread(everything, clients, group="fanout", replay_from="earliest")
     replay = trainer_thread(config, clients, group="replay", replay_from=str(boundary_ms))
-    fan_out.join(120)
-    replay.join(120)
+    fan_out.join(60)
+    replay.join(60)
 
     root = config.checkpoint_dir
     assert sorted(audit_eids(root.with_name(root.name + "-fanout"))) == sorted(e.eid for e in early + late)

@@ -1,0 +1,189 @@
+"""``streamrft run CONFIG``: the whole RL loop on this machine.
+
+1. start the embedded broker (its data under runs/<name>/kafka, kept for --resume) or use the configured
+   cluster;  2. create the run's topics;  3. produce the config's task files (not on --resume);
+4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process;
+5. show the live dashboard until the explorer and trainer finish; a role that dies stops the run with its
+   traceback; Ctrl-C stops every role cleanly and leaves a run that `--resume` continues.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from ..broker import EmbeddedBroker
+from ..config import RunConfig
+from ..errors import StreamrftError
+from ..kafka import KafkaClients
+from ..launch.dashboard import MetricsFollower, group_lags, render
+from ..launch.processes import RoleProcess, stop_all
+from ..lifecycle import StopSignal
+from ..producers.task_files import FieldMapping, count_rows, read_tasks
+from ..producers.task_producer import produce_tasks
+from .common import add_config_argument, config_from, console
+
+logger = logging.getLogger(__name__)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="run the whole loop here: broker, explorer, workers, trainer, "
+                                               "monitor, with a live dashboard")
+    add_config_argument(parser, positional=True)
+    parser.add_argument("--resume", action="store_true", help="continue a run stopped earlier")
+    parser.add_argument("--workers", type=int, default=None, help="rollout workers (default: launch.rollout_workers)")
+    parser.add_argument("--no-dashboard", action="store_true", help="log lines instead of the live view")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from(args)
+    run_dir = config.output_dir
+    with _cluster(config, run_dir, args.resume) as bootstrap:  # 1.
+        clients = KafkaClients(config, bootstrap)
+        clients.ensure_topics()  # 2.
+        if args.resume:
+            _check_resumable(clients)
+        else:
+            _produce_task_files(config, clients)  # 3.
+        processes = _role_processes(config, args, bootstrap, run_dir)  # 4.
+        try:
+            return _supervise(config, clients, processes, run_dir, not args.no_dashboard)  # 5.
+        finally:
+            clients.close()
+
+
+def _cluster(config: RunConfig, run_dir: Path, resume: bool):
+    if not config.kafka.embedded:
+        return nullcontext(config.kafka.bootstrap_servers)
+    data_dir = run_dir / "kafka"
+    if data_dir.exists() and not resume:
+        raise StreamrftError(f"run {config.name!r} already exists ({run_dir}); continue it with --resume, or "
+                             f"delete {run_dir} / set another `name` to start over")
+    if resume and not data_dir.exists():
+        raise StreamrftError(f"nothing to resume: {data_dir} does not exist; start the run without --resume")
+    return _broker_bootstrap(EmbeddedBroker(config.broker, data_dir=data_dir, keep_data=True))
+
+
+class _broker_bootstrap:
+    def __init__(self, broker: EmbeddedBroker):
+        self.broker = broker
+
+    def __enter__(self) -> str:
+        with console.status("starting the embedded Kafka broker"):
+            self.broker.start()
+        console.print(f"broker up at {self.broker.bootstrap_servers} (data in {self.broker.data_dir})")
+        return self.broker.bootstrap_servers
+
+    def __exit__(self, *exc) -> None:
+        self.broker.stop()
+
+
+def _check_resumable(clients: KafkaClients) -> None:
+    if clients.describe() and not any(r.records for r in clients.describe() if r.name.endswith(".tasks")):
+        raise StreamrftError("the run has no tasks to resume; start it without --resume")
+
+
+def _produce_task_files(config: RunConfig, clients: KafkaClients) -> None:
+    if not config.launch.task_files:
+        console.print("[yellow]launch.task_files is empty: inject tasks with `streamrft tasks produce`[/]")
+        return
+    producer = clients.producer(client_id="launcher")
+    topic = config.topic("tasks")
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  console=console) as progress:
+        for task_file in config.launch.task_files:
+            bar = progress.add_task(f"tasks from {task_file.path}", total=count_rows(task_file.path))
+            summary = produce_tasks(producer, topic, read_tasks(task_file.path, FieldMapping.from_task_file(task_file)),
+                                    on_item=lambda b=bar: progress.advance(b))
+            if summary.rejected:
+                first = summary.rejected[0]
+                raise StreamrftError(f"{task_file.path}: {len(summary.rejected)} row(s) cannot become tasks "
+                                     f"(first: line {first.line}: {first.reason}); fix the file")
+
+
+def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path) -> list[RoleProcess]:
+    env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": bootstrap}
+    logs = run_dir / "logs"
+    processes = [
+        RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env),
+        RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env),
+        RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env),
+    ]
+    workers = config.launch.rollout_workers if args.workers is None else args.workers
+    base = config.launch.rollout_metrics_port_base
+    for i in range(workers):
+        port = {"STREAMRFT_ROLLOUT__METRICS_PORT": str(base + i if base else 0)}
+        processes.append(RoleProcess(f"rollout-{i}", ["rollout", args.config, "--worker-id", f"rollout-{i}"],
+                                     logs / f"rollout-{i}.log", {**env, **port}))
+    for process in processes:
+        process.start()
+    console.print(f"started {', '.join(p.name for p in processes)}; logs in {logs}")
+    return processes
+
+
+def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RoleProcess], run_dir: Path,
+               dashboard: bool) -> int:
+    by_name = {p.name: p for p in processes}
+    follower = MetricsFollower(clients)
+    started = time.monotonic()
+    lags: dict[str, int] = {}
+    reported: set[int] = set()
+    last_refresh = 0.0
+    outcome = 0
+    with StopSignal() as stop, (Live(console=console, refresh_per_second=2) if dashboard else nullcontext()) as live:
+        while True:
+            follower.poll()
+            if time.monotonic() - last_refresh > config.launch.dashboard_refresh_s:
+                lags = group_lags(clients)
+                last_refresh = time.monotonic()
+                if live is not None:
+                    live.update(render(follower, lags, processes, started, config.name))
+                else:
+                    _log_new_steps(follower, reported)
+            failed = [p for p in processes if p.returncode not in (None, 0)]
+            if stop.requested:
+                outcome = 130
+                break
+            if failed:
+                outcome = 1
+                break
+            if by_name["explorer"].returncode == 0 and by_name["trainer"].returncode == 0:
+                break
+            time.sleep(0.2)
+    follower.close()
+    if outcome == 1:
+        for process in failed:
+            console.print(f"[red]{process.name} exited with {process.returncode}[/]; its log "
+                          f"({process.log_path}) ends with:\n{process.log_tail()}")
+    with console.status("stopping the roles"):
+        time.sleep(2 if outcome == 0 else 0)  # let the monitor drain the last metrics
+        stop_all(processes)
+    if outcome == 130:
+        console.print("stopped; every role left cleanly. Continue with the same command plus --resume")
+    else:
+        _final_report(run_dir)
+    return outcome
+
+
+def _log_new_steps(follower: MetricsFollower, reported: set[int]) -> None:
+    for step, values in sorted(follower.by_role.get("explorer", {}).items()):
+        if step not in reported and "rollout/tasks" in values:
+            reported.add(step)
+            console.print(f"step {step}: reward {values.get('rollout/reward_mean', float('nan')):.3f}, accuracy "
+                          f"{values.get('rollout/accuracy', float('nan')):.3f}, weights "
+                          f"v{values.get('rollout/model_version', 0):.0f}, {values.get('time/step_s', 0):.1f}s")
+
+
+def _final_report(run_dir: Path) -> None:
+    from .report import read_metrics, render as render_report
+
+    csv = run_dir / "metrics.csv"
+    if csv.exists():
+        png = render_report(read_metrics(csv), run_dir / "report.png", title=run_dir.name)
+        console.print(f"report: {png}")
