@@ -778,9 +778,10 @@ class Trainer:
         self.history.append({"step": float(self.step), **metrics})
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
-        logger.info("%s: step %d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, %.2fs",
-                    self.source, self.step, len(decision.kept), len(groups), decision.dropped,
-                    metrics.get("actor/reward_mean", float("nan")), metrics.get("actor/loss", float("nan")), train_s)
+        if decision.kept:
+            logger.info("%s: step %d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, %.2fs",
+                        self.source, self.step, len(decision.kept), len(groups), decision.dropped,
+                        metrics["actor/reward_mean"], metrics["actor/loss"], train_s)
         if decision.kept and self.step % self.settings.save_interval == 0:
             self._checkpoint()  # 7.
 

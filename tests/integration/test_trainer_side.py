@@ -64,8 +64,10 @@ def _clients(config) -> KafkaClients:
     return clients
 
 
-def make_group(step: int, index: int, size: int = 4, version: int = 0, seed: int = 0) -> list[Experience]:
-    """One GRPO group of synthetic experiences (random 3-token responses, rewards 0/1)."""
+def make_group(step: int, index: int, size: int = 4, version: int | None = None, seed: int = 0) -> list[Experience]:
+    """One GRPO group of synthetic experiences (random 3-token responses, rewards 0/1), sampled by weights
+    ``version`` (default: ``step``, as fixed pacing with sync_interval 1 does)."""
+    version = step if version is None else version
     rng = random.Random(f"{seed}-{step}-{index}")
     group_id = f"s{step}-t{index}"
     out = []
