@@ -99,11 +99,11 @@ class Explorer:
             step = self.state.next_step
             if self.settings.total_steps is not None and step >= self.settings.total_steps:
                 break
-            if not self._wait_until_allowed(step):  # 1.
-                break
-            batch = self._take_batch()  # 2.
+            batch = self._take_batch()  # 2. (first: no point waiting for a step that has no tasks)
             if not batch:
                 break  # epochs exhausted
+            if not self._wait_until_allowed(step):  # 1.
+                break
             outstanding = self._publish_step(step, batch)  # 3.
             self._finish_step(outstanding)  # 4.
             if self._eval_due(step):  # 5.
@@ -136,10 +136,12 @@ class Explorer:
         return False
 
     # 2. tasks -------------------------------------------------------------------------------------------
-    def _take_batch(self) -> list[Task]:
+    def _take_batch(self) -> list[tuple[int, Task]]:
+        """The next step's (epoch, task) pairs; a block can span an epoch boundary."""
         if not self.state.pending:
             self._read_block()
-        batch = [Task.from_dict(t) for t in self.state.pending[: self.settings.batch_size]]
+        batch = [(entry["epoch"], Task.from_dict(entry["task"]))
+                 for entry in self.state.pending[: self.settings.batch_size]]
         self.state.pending = self.state.pending[self.settings.batch_size:]
         return batch
 
@@ -147,11 +149,11 @@ class Explorer:
         """Fill the state's pending list with the next block of tasks, in the selector's order."""
         s = self.settings
         want = s.batch_size * s.selector.block_steps
-        block: list[Task] = []
+        block: list[tuple[int, Task]] = []
         idle_since = time.monotonic()
         while len(block) < want and not self.stop.requested:
             items = self.tasks.poll(max_records=want - len(block), timeout=POLL_S)
-            block += [item.record for item in items]
+            block += [(self.state.epoch, item.record) for item in items]
             if items:
                 idle_since = time.monotonic()
                 continue
@@ -166,16 +168,18 @@ class Explorer:
             self.state.epoch += 1
             logger.info("explorer: end of tasks; epoch %d starts", self.state.epoch)
             self.tasks.rewind_to_start()
-        ordered = self.selector.order(block, self.state.epoch, self.state.next_step // s.selector.block_steps)
-        self.state.pending = [t.to_dict() for t in ordered]
+        epoch_of = {id(task): epoch for epoch, task in block}
+        ordered = self.selector.order([task for _, task in block], self.state.epoch,
+                                      self.state.next_step // s.selector.block_steps)
+        self.state.pending = [{"epoch": epoch_of[id(task)], "task": task.to_dict()} for task in ordered]
 
     # 3. publish -----------------------------------------------------------------------------------------
-    def _publish_step(self, step: int, batch: list[Task]) -> Outstanding:
+    def _publish_step(self, step: int, batch: list[tuple[int, Task]]) -> Outstanding:
         s = self.settings
         min_version = self._min_model_version(step)
         requests = {}
-        for task in batch:
-            request = RolloutRequest(request_id=f"s{step}-{task.task_id}-e{self.state.epoch}", batch_id=step,
+        for epoch, task in batch:
+            request = RolloutRequest(request_id=f"s{step}-e{epoch}-{task.task_id}", batch_id=step,
                                      kind=RolloutKind.TRAIN, task=task,
                                      repeat_times=task.repeat_times or s.repeat_times,
                                      min_model_version=min_version)

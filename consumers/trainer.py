@@ -16,8 +16,12 @@ Each pass of ``run``, read as numbered steps:
 
 Resume loads the newest checkpoint, seeks to *its* offsets (not the group's committed ones) and restores its
 buffer, so nothing is trained twice or skipped; ``trained.jsonl`` in the checkpoint directory lists the eids of
-every step of the surviving lineage. Versions count trainer steps: the weights after step ``t`` are version
-``t``; metrics, audit lines and checkpoints use the same number.
+every step of the surviving lineage.
+
+Numbering: trainer step ``t`` (0-based: the ``step`` of its metrics and audit line) produces weights version
+``t + 1`` — versions count the steps trained into the weights — and, under ``fixed`` pacing, trains explorer
+step ``t``'s experiences, so the monitor's rows line up. Checkpoint ``step-N`` (and the audit's ``version``)
+holds N steps.
 
 Weight transports (``trainer.weights.method``):
 
@@ -64,7 +68,7 @@ from .model_paths import resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.2
+POLL_S = 0.1
 PRIMARY = "trainer"  # the group whose weights the run's workers follow
 CHECKPOINT_FORMAT = "streamrft.trainer-checkpoint/1"
 AUDIT_NAME = "trained.jsonl"
@@ -335,18 +339,20 @@ class Checkpoints:
             shutil.rmtree(path, ignore_errors=True)
 
     # -- the audit ------------------------------------------------------------------------------------------
-    def record(self, step: int, eids: list[str], dropped_stale: list[str]) -> None:
-        """Append one step's trained eids (flushed before the step's offsets are committed)."""
+    def record(self, step: int, version: int, eids: list[str], dropped_stale: list[str]) -> None:
+        """Append one step's trained eids (flushed before the step's offsets are committed): trainer step
+        ``step`` (0-based, as in the metrics) produced weights ``version``."""
         self.root.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"step": step, "eids": eids, "dropped_stale": dropped_stale}, separators=(",", ":"))
+        line = json.dumps({"step": step, "version": version, "eids": eids, "dropped_stale": dropped_stale},
+                          separators=(",", ":"))
         with open(self.audit_path, "a") as fh:
             fh.write(line + "\n")
             fh.flush()
             os.fsync(fh.fileno())
 
-    def truncate_audit(self, step: int) -> int:
-        """Keep the entries of steps <= ``step`` (the surviving lineage); a torn last line goes too. Returns how
-        many entries were removed."""
+    def truncate_audit(self, version: int) -> int:
+        """Keep the entries of the steps that a checkpoint of weights ``version`` holds (the surviving lineage);
+        a torn last line goes too. Returns how many entries were removed."""
         if not self.audit_path.exists():
             return 0
         kept, removed = [], 0
@@ -356,7 +362,7 @@ class Checkpoints:
             except ValueError:
                 removed += 1
                 continue
-            if entry["step"] <= step:
+            if entry["version"] <= version:
                 kept.append(line)
             else:
                 removed += 1
@@ -634,11 +640,12 @@ class Trainer:
             self.publisher = (CollectivePublisher(config, self.engine.device, self.source) if method == "collective"
                               else ObjectStorePublisher(config, self.source))
         self.buffer = GroupBuffer(config.explorer.repeat_times)
+        self.buffer_cap = config.train_batch_size * (config.explorer.max_buffered_batches + 1)
         self.step = 0
         self.published_version = -1
         self.checkpointed_step = -1
         self.trained = 0
-        self._dropped_incomplete = 0  # since the last step's metrics
+        self._dropped_incomplete = self._dropped_stale = 0  # since the last step's metrics
         self._end_watch: _EndWatch | None = None
         self.history: list[dict[str, float]] = []
         self._prometheus()
@@ -664,8 +671,7 @@ class Trainer:
         self._start()
         total = self.settings.total_steps
         while not self.stop.requested and (total is None or self.step < total):
-            ready = len(self.buffer.complete_groups()) >= self.groups_per_step
-            self._read(timeout=0 if ready else POLL_S)  # 1.
+            self._read()  # 1.
             self._expire(time.monotonic())  # 2.
             batch = self._next_batch()  # 3.
             if batch is not None:
@@ -676,12 +682,18 @@ class Trainer:
         return self.step
 
     # 1. read ----------------------------------------------------------------------------------------------
-    def _read(self, timeout: float) -> None:
-        for item in self.consumer.poll(max_records=self.config.train_batch_size, timeout=timeout):
-            if item.record.kind != RolloutKind.TRAIN:
-                continue
-            if not self.buffer.add(item):
-                logger.warning("%s: duplicate experience %s at %s ignored", self.source, item.record.eid, item.where)
+    def _read(self) -> None:
+        """Take in what is already fetched — up to the explorer's backlog bound, so the oldest step's groups
+        are found even when partitions deliver out of step order — and wait briefly only when no batch is
+        ready."""
+        ready = len(self.buffer.complete_groups()) >= self.groups_per_step
+        if not (ready and len(self.buffer) >= self.buffer_cap):
+            for item in self.consumer.poll(max_records=self.buffer_cap, timeout=0 if ready else POLL_S):
+                if item.record.kind != RolloutKind.TRAIN:
+                    continue
+                if not self.buffer.add(item):
+                    logger.warning("%s: duplicate experience %s at %s ignored", self.source, item.record.eid,
+                                   item.where)
         self.sync.poll(0)
         self.g_buffered.set(len(self.buffer))
 
@@ -706,7 +718,7 @@ class Trainer:
             return complete[: self.groups_per_step]
         if complete and self._short_batch_allowed():
             logger.info("%s: step %d trains a short batch of %d group(s): the explorer finished step %d",
-                        self.source, self.step + 1, len(complete), self.sync.explorer.finished_step)
+                        self.source, self.step, len(complete), self.sync.explorer.finished_step)
             return complete
         return None
 
@@ -738,30 +750,29 @@ class Trainer:
 
     # 4.-7. train, publish, commit, checkpoint -------------------------------------------------------------
     def _train(self, groups: list[Group]) -> None:
-        experiences = [exp for g in groups for exp in g.experiences]
-        version = self.step
-        lags = [version - e.model_version for e in experiences]
-        decision = apply_staleness(experiences, version, self.bound, self.settings.staleness_policy)
-        kept_ids = {id(e) for e in decision.kept}
-        dropped_ids = [e.eid for e in experiences if id(e) not in kept_ids]
-        metrics: dict[str, float] = {}
-        started = time.monotonic()
-        if decision.kept:  # 4.
-            metrics = self.engine.train_step(decision.kept, correct=decision.correct)
-            self.step += 1
-            self.trained += len(decision.kept)
-            self.c_trained.inc(len(decision.kept))
-        else:
-            logger.warning("%s: all %d experiences of the batch are stale (weights v%d, bound %d); no step",
-                           self.source, len(experiences), version, self.bound)
-        train_s = time.monotonic() - started
+        index, experiences = self.step, [exp for g in groups for exp in g.experiences]
+        lags = [self.step - e.model_version for e in experiences]
+        decision = apply_staleness(experiences, self.step, self.bound, self.settings.staleness_policy)
         self.buffer.remove(groups)
+        self._dropped_stale += decision.dropped
         if decision.dropped:
             self.c_dropped.labels("stale").inc(decision.dropped)
-        if decision.kept:
-            self.checkpoints.record(self.step, [e.eid for e in decision.kept], dropped_ids)
+        if not decision.kept:  # nothing to learn from: release the offsets; the counts go with the next step
+            logger.warning("%s: all %d experiences of the batch are stale (weights v%d, bound %d); no step",
+                           self.source, len(experiences), self.step, self.bound)
+            self.consumer.commit_offsets(self._trained_through())
+            return
+        started = time.monotonic()
+        metrics = self.engine.train_step(decision.kept, correct=decision.correct)  # 4.
+        train_s = time.monotonic() - started
+        self.step += 1
+        self.trained += len(decision.kept)
+        self.c_trained.inc(len(decision.kept))
+        kept = {id(e) for e in decision.kept}
+        self.checkpoints.record(index, self.step, [e.eid for e in decision.kept],
+                                [e.eid for e in experiences if id(e) not in kept])
         metrics.update({
-            "trainer/dropped_stale": float(decision.dropped),
+            "trainer/dropped_stale": float(self._dropped_stale),
             "trainer/dropped_incomplete": float(self._dropped_incomplete),
             "trainer/staleness": sum(lags) / len(lags),
             "trainer/staleness_max": float(max(lags)),
@@ -770,19 +781,18 @@ class Trainer:
             "trainer/buffered": float(len(self.buffer)),
             "time/train_step": train_s,
         })
-        self._dropped_incomplete = 0
+        self._dropped_stale = self._dropped_incomplete = 0
         signal = None
-        if decision.kept and self.publisher is not None and self.step % self.config.explorer.sync_interval == 0:
+        if self.publisher is not None and self.step % self.config.explorer.sync_interval == 0:
             signal, metrics["time/publish_weights"] = self._publish_weights()  # 5.
-        self._commit(metrics, signal)  # 6.
-        self.history.append({"step": float(self.step), **metrics})
+        self._commit(index, metrics, signal)  # 6.
+        self.history.append({"step": float(index), **metrics})
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
-        if decision.kept:
-            logger.info("%s: step %d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, %.2fs",
-                        self.source, self.step, len(decision.kept), len(groups), decision.dropped,
-                        metrics["actor/reward_mean"], metrics["actor/loss"], train_s)
-        if decision.kept and self.step % self.settings.save_interval == 0:
+        logger.info("%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, "
+                    "%.2fs", self.source, index, self.step, len(decision.kept), len(groups), decision.dropped,
+                    metrics["actor/reward_mean"], metrics["actor/loss"], train_s)
+        if self.step % self.settings.save_interval == 0:
             self._checkpoint()  # 7.
 
     def _publish_weights(self) -> tuple[SyncSignal, float]:
@@ -792,14 +802,14 @@ class Trainer:
         self.g_published.set(self.step)
         return signal, time.monotonic() - started
 
-    def _commit(self, metrics: dict[str, float], signal: SyncSignal | None) -> None:
+    def _commit(self, index: int, metrics: dict[str, float], signal: SyncSignal | None) -> None:
         """The step's metrics and signal in one transaction, then the trained-through offsets."""
         def produce(producer: RecordProducer) -> None:
             if signal is not None:
                 producer.produce(self.config.topic("sync"), signal)
-            self.metrics.publish(self.step, metrics)
+            self.metrics.publish(index, metrics)
 
-        self._transaction(produce, f"step {self.step}")
+        self._transaction(produce, f"step {index}")
         self.consumer.commit_offsets(self._trained_through())
 
     def _transaction(self, produce, what: str) -> None:
@@ -853,10 +863,10 @@ class Trainer:
                 logger.info("%s: weight-sync group at %s, waiting for %d receiver(s)", self.source,
                             announcement.uri, self.publisher.world_size - 1)
             if self.sync.version > self.step:
-                logger.warning("%s: weights v%d on %s are newer than the resumed step %d: that training was lost "
+                logger.warning("%s: weights v%d on %s are newer than the resumed v%d: that training was lost "
                                "with the process; versions up to v%d are published again from this lineage",
                                self.source, self.sync.version, self.sync.topic, self.step, self.sync.version)
-        logger.info("%s: ready at step %d (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
+        logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
                     self.source, self.step, self.group_id, len(self.buffer), self.bound, self.checkpoints.root)
 
     def _resume(self, path: Path, partitions: Offsets) -> Offsets:
@@ -873,9 +883,9 @@ class Trainer:
         removed = self.checkpoints.truncate_audit(checkpoint.step)
         offsets = {tp: checkpoint.offsets.get(tp, low) for tp, low in partitions.items()}
         self.g_step.set(self.step)
-        logger.info("%s: resuming from %s: step %d, %d buffered experience(s), %d audit entr%s of lost steps "
-                    "removed", self.source, path, self.step, len(checkpoint.buffered), removed,
-                    "y" if removed == 1 else "ies")
+        logger.info("%s: resuming from %s: %d steps done (weights v%d), %d buffered experience(s), %d audit "
+                    "entr%s of lost steps removed", self.source, path, self.step, self.step, len(checkpoint.buffered),
+                    removed, "y" if removed == 1 else "ies")
         return offsets
 
     def _origin(self, partitions: Offsets) -> Offsets:
@@ -906,13 +916,13 @@ class Trainer:
     # -- the end ------------------------------------------------------------------------------------------
     def _finish(self) -> None:
         if self.stop.requested:
-            logger.info("%s: stop requested at step %d; checkpointing", self.source, self.step)
+            logger.info("%s: stop requested after %d steps; checkpointing", self.source, self.step)
         elif self.publisher is not None and self.step > max(self.published_version, 0):
             signal, seconds = self._publish_weights()
             self._transaction(lambda p: p.produce(self.config.topic("sync"), signal), f"publishing v{self.step}")
             logger.info("%s: final weights v%d published in %.1fs", self.source, self.step, seconds)
         self._checkpoint()
-        logger.info("%s: stopped at step %d (%d experiences trained, %d buffered)", self.source, self.step,
+        logger.info("%s: stopped after %d steps (%d experiences trained, %d buffered)", self.source, self.step,
                     self.trained, len(self.buffer))
 
     def close(self) -> None:

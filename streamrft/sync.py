@@ -21,7 +21,8 @@ class ExplorerState:
 
     next_step: int = 0
     epoch: int = 0
-    pending: list[dict] = field(default_factory=list)  # tasks read from `tasks` but not yet rolled out, in order
+    # tasks read from `tasks` but not yet rolled out, in order: {"epoch": e, "task": Task dict}
+    pending: list[dict] = field(default_factory=list)
     awaiting: dict | None = None  # {"step", "requests": [ids], "results_offsets": {partition: offset}}
     finished_step: int = -1  # last step whose results are all in (or cancelled / timed out)
     done: bool = False
