@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..config import RunConfig
 from ..engines.algorithms import apply_staleness
+from ..engines.inference.hf import _LOAD_LOCK as MODEL_LOAD_LOCK
 from ..engines.training import TrainingEngine, TrainingSettings
 from ..engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
 from ..errors import ConfigError
@@ -75,7 +76,6 @@ AUDIT_NAME = "trained.jsonl"
 _EPOCH_MS_FROM = 10**12  # a --replay-from integer this large is epoch milliseconds (2001 on), not an offset
 
 Offsets = dict[tuple[str, int], int]
-_LOAD_LOCK = threading.Lock()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -624,7 +624,9 @@ class Trainer:
 
         if engine is None:
             device = None if self.settings.device == "auto" else self.settings.device
-            with _LOAD_LOCK:  # transformers' loading is not thread-safe (roles share a process in tests)
+            # transformers' loading is not thread-safe: one lock with the inference engine's (roles share a
+            # process in tests and in-process launches)
+            with MODEL_LOAD_LOCK:
                 engine = TrainingEngine.from_pretrained(resolve_model_path(config.model.path),
                                                         training_settings(config), device=device)
         self.engine = engine
@@ -848,9 +850,9 @@ class Trainer:
         latest = self.checkpoints.latest()
         if latest is not None and self.replay is not None:
             raise ConfigError(
-                f"--replay-from {self.replay}: {self.checkpoints.root} already holds checkpoints (newest {latest.name}); "
-                "a replay starts a new lineage: give it its own --group, remove that directory, or drop "
-                "--replay-from to resume")
+                f"--replay-from {self.replay}: {self.checkpoints.root} already holds checkpoints (newest "
+                f"{latest.name}); a replay starts a new lineage: give it its own --group, remove that directory, "
+                "or drop --replay-from to resume")
         if latest is not None:
             offsets = self._resume(latest, partitions)
         else:

@@ -138,6 +138,29 @@ def test_group_buffer_completes_orders_and_holds_offsets():
     assert len(buffer) == 3 and buffer.low_water() == {("x", 1): 20}
 
 
+def test_checkpoints_ignore_interrupted_saves_prune_and_truncate_the_audit(tmp_path):
+    checkpoints = Checkpoints(tmp_path, keep=2)
+    offsets = {("t", 0): 5}
+    for step in (0, 1, 2):
+        checkpoints.save(step, {"w": torch.full((2,), float(step))} if step else None, offsets,
+                         [{"topic": "t", "partition": 0, "offset": 3, "timestamp_ms": 0, "value": b"\xc3\x01x"}], {})
+        if step:
+            checkpoints.record(step - 1, step, [f"e{step}"], [])
+    (tmp_path / ".tmp-step-00000003-dead").mkdir()  # a save killed half-way: no state.json, never used
+    (tmp_path / ".tmp-step-00000003-dead" / "engine.pt").write_bytes(b"partial")
+    (tmp_path / "step-00000004").mkdir()  # not renamed into place by the saver: incomplete, ignored
+    with open(checkpoints.audit_path, "a") as fh:
+        fh.write('{"step": 2, "version": 3, "eids": ["e3"]}\n{"step": 3, "vers')  # lost steps, a torn line
+    assert checkpoints.steps() == [1, 2] and checkpoints.latest().name == "step-00000002"
+    checkpoint, state = checkpoints.load(checkpoints.latest())
+    assert checkpoint.step == 2 and checkpoint.offsets == offsets and torch.equal(state["w"], torch.full((2,), 2.0))
+    assert checkpoint.buffered[0]["value"] == b"\xc3\x01x"
+    assert checkpoints.truncate_audit(checkpoint.step) == 2
+    assert [e["eids"] for e in checkpoints.audit()] == [["e1"], ["e2"]]
+    checkpoints.save(5, None, offsets, [], {})
+    assert checkpoints.steps() == [2, 5] and not list(tmp_path.glob(".tmp-*"))
+
+
 # ------------------------------------------------------------------------------------------- with the broker
 def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config, tiny_model_dir, tmp_path):
     """Reward 1 when the response starts with a digit (~10 % for the random tiny model): 20 fixed-pacing steps,
