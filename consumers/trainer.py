@@ -55,7 +55,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from ..config import RunConfig
 from ..engines.algorithms import apply_staleness
-from ..engines.inference.hf import _LOAD_LOCK as MODEL_LOAD_LOCK
 from ..engines.training import TrainingEngine, TrainingSettings
 from ..engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
 from ..errors import ConfigError
@@ -624,11 +623,8 @@ class Trainer:
 
         if engine is None:
             device = None if self.settings.device == "auto" else self.settings.device
-            # transformers' loading is not thread-safe: one lock with the inference engine's (roles share a
-            # process in tests and in-process launches)
-            with MODEL_LOAD_LOCK:
-                engine = TrainingEngine.from_pretrained(resolve_model_path(config.model.path),
-                                                        training_settings(config), device=device)
+            engine = TrainingEngine.from_pretrained(resolve_model_path(config.model.path),
+                                                    training_settings(config), device=device)
         self.engine = engine
         self.consumer = clients.consumer([self.topic], Experience, self.group_id, client_id=self.source,
                                          subscribe=False)
@@ -666,7 +662,7 @@ class Trainer:
                                  registry=self.registry)
         self.c_dropped = Counter("streamrft_trainer_experiences_dropped", "experiences dropped, by reason",
                                  ["reason"], registry=self.registry)
-        serve_prometheus(self.settings.metrics_port, self.registry)
+        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -928,7 +924,7 @@ class Trainer:
                     self.trained, len(self.buffer))
 
     def close(self) -> None:
-        closers = [self.consumer.close, self.sync.close]
+        closers = [self.consumer.close, self.sync.close, self.endpoint.close]
         if self.publisher is not None:
             closers.insert(0, self.publisher.close)
         for closer in closers:

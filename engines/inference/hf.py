@@ -12,7 +12,6 @@ import inspect
 import logging
 import os
 import secrets
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..models import MODEL_LOAD_LOCK
 from .base import (
     Completion,
     EngineError,
@@ -34,9 +34,6 @@ from .base import (
 
 logger = logging.getLogger(__name__)
 
-# transformers' from_pretrained initialises on the meta device through process-wide state, so two engines built
-# at once in one process (threads) break each other; loading is serialised, generation is not.
-_LOAD_LOCK = threading.Lock()
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -122,7 +119,7 @@ class TransformersEngine(InferenceEngine):
             kwargs: dict[str, Any] = {"dtype": self.dtype}
             if attn_implementation:
                 kwargs["attn_implementation"] = attn_implementation
-            with _LOAD_LOCK:
+            with MODEL_LOAD_LOCK:
                 self.model = AutoModelForCausalLM.from_pretrained(self.model_path, **kwargs).to(self.device)
         except OSError as exc:
             raise EngineError(f"cannot load a model from {self.model_path!r}: {exc}") from exc

@@ -29,6 +29,7 @@ from ..algorithms import (
     kl_penalty,
     truncated_importance_weights,
 )
+from ..models import MODEL_LOAD_LOCK
 from .batch import Batch, collate
 from .logprobs import response_logprobs
 from .schedule import build_scheduler
@@ -98,10 +99,12 @@ class TrainingEngine:
         from transformers import AutoModelForCausalLM
 
         settings = settings or TrainingSettings()
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        with MODEL_LOAD_LOCK:
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         ref = None
         if settings.needs_reference:
-            ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32)
+            with MODEL_LOAD_LOCK:
+                ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32)
         return cls(model, settings, ref_model=ref, device=device)
 
     # ------------------------------------------------------------------ state

@@ -41,53 +41,59 @@ def register(subparsers) -> None:
     monitor.set_defaults(func=run_monitor)
 
 
+def _run_role(args: argparse.Namespace, build, run) -> int:
+    """Load the config, open the shared cluster, build the role, run it until done or stopped, close it.
+    ``build(config, clients, stop)`` makes the role; ``run(role)`` returns the exit code."""
+    config = config_from(args)
+    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
+        role = build(config, clients, stop)
+        try:
+            return run(role) if not stop.requested else 0
+        finally:
+            role.close()
+
+
 def run_explorer(args: argparse.Namespace) -> int:
     from ..consumers.explorer import Explorer
 
-    config = config_from(args)
-    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
-        explorer = Explorer(config, clients, stop)
-        try:
-            state = explorer.run()
-        finally:
-            explorer.close()
-    return 0 if state.done or stop.requested else 1
+    def run(explorer) -> int:
+        state = explorer.run()
+        return 0 if state.done or explorer.stop.requested else 1
+
+    return _run_role(args, Explorer, run)
 
 
 def run_rollout(args: argparse.Namespace) -> int:
     from ..consumers.rollout import RolloutWorker
 
-    config = config_from(args)
-    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
-        worker = RolloutWorker(config, clients, stop, worker_id=args.worker_id)
-        try:
-            worker.run(max_requests=args.max_requests)
-        finally:
-            worker.close()
-    return 0
+    def build(config, clients, stop):
+        return RolloutWorker(config, clients, stop, worker_id=args.worker_id)
+
+    def run(worker) -> int:
+        worker.run(max_requests=args.max_requests)
+        return 0
+
+    return _run_role(args, build, run)
 
 
 def run_train(args: argparse.Namespace) -> int:
     from ..consumers.trainer import Trainer
 
-    config = config_from(args)
-    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
-        trainer = Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from)
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
-    return 0
+    def build(config, clients, stop):
+        return Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from)
+
+    def run(trainer) -> int:
+        trainer.run()
+        return 0
+
+    return _run_role(args, build, run)
 
 
 def run_monitor(args: argparse.Namespace) -> int:
     from ..consumers.monitor import Monitor
 
-    config = config_from(args)
-    with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
-        monitor = Monitor(config, clients, stop)
-        try:
-            monitor.run(max_idle_s=args.max_idle_s)
-        finally:
-            monitor.close()
-    return 0
+    def run(monitor) -> int:
+        monitor.run(max_idle_s=args.max_idle_s)
+        return 0
+
+    return _run_role(args, Monitor, run)
