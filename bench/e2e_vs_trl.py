@@ -355,9 +355,8 @@ def run_streamrft(setup: Setup, demo: dict, workdir: Path) -> SideResult:
         if row.get("rollout/accuracy") and when is not None and when <= deadline_ms:
             n = int(float(row.get("rollout/samples") or setup.completions_per_step))
             result.batches.append(Batch(when / 1000 - t0, n, float(row["rollout/accuracy"])))
-        trained = created.get(("trainer", "actor/loss", step))
-        if trained is not None and trained <= deadline_ms:
-            result.optimizer_steps += 1
+    result.optimizer_steps = sum(1 for (role, name, _), when in created.items()
+                                 if role == "trainer" and name == "actor/loss" and when <= deadline_ms)
     return result
 
 

@@ -32,10 +32,11 @@ from ..engines.workflows.batch import run_workflows
 from ..kafka import KafkaClients, RecordProducer, Transactor, dead_letter
 from ..kafka.consumer import Delivered
 from ..lifecycle import StopSignal
-from ..schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncSignal
+from ..schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncMethod, SyncSignal
 from ..sync import SyncView
 from ..telemetry import MetricsPublisher, serve_prometheus
 from .model_paths import resolve_model_path
+from .weight_sync import CollectiveReceiver
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class RolloutWorker:
         self.sync = SyncView(clients, client_id=f"{self.worker_id}-sync")
         self.metrics = MetricsPublisher(self.producer, config.topic("metrics"), self.worker_id, "rollout")
         self._refused_versions: set[int] = set()
+        self._receiver: CollectiveReceiver | None = None
         self.handled = 0
         self._prometheus()
 
@@ -97,6 +99,7 @@ class RolloutWorker:
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self, max_requests: int | None = None) -> int:
         self.sync.catch_up()
+        self.follow_collective()
         self._swap_to_latest()
         logger.info("%s: ready (engine %s, weights v%d)", self.worker_id, self.engine.kind, self.engine.version)
         while not self.stop.requested and (max_requests is None or self.handled < max_requests):
@@ -105,6 +108,7 @@ class RolloutWorker:
                 room = min(room, max_requests - self.handled)
             items = self.consumer.poll(max_records=room, timeout=0.5)
             self.sync.poll(0)
+            self.follow_collective()
             if self.config.explorer.sync_style == "fully_async":
                 self._swap_to_latest()
             if items:
@@ -228,6 +232,7 @@ class RolloutWorker:
         waited = False
         while self.engine.version < minimum and not self.stop.requested:
             self.sync.poll(0.5)
+            self.follow_collective()
             if self.sync.version >= minimum:
                 self._swap_to_latest()
                 if self.engine.version < minimum and self.sync.version in self._refused_versions:
@@ -244,13 +249,35 @@ class RolloutWorker:
             return
         self.load(signal)
 
+    def follow_collective(self) -> None:
+        """Join the trainer's weight-sync group as soon as it is announced (NCCL_READY on ``sync``), and again
+        when a restarted trainer announces a new one; the receiver takes every broadcast in the background."""
+        ready = self.sync.collective_ready
+        if ready is None or (self._receiver is not None and self._receiver.ready.state == ready.state):
+            return
+        if self._receiver is not None:
+            self._receiver.close(timeout=0)
+        device = "cpu" if self.settings.device == "auto" else self.settings.device
+        self._receiver = CollectiveReceiver(ready, device=device,
+                                            timeout_s=self.config.trainer.weights.collective_timeout_s).start()
+        logger.info("%s: joining the trainer's weight-sync group %s", self.worker_id, ready.uri)
+
+    def _fetch(self, signal: SyncSignal):
+        """The tensors of a published version: verified from object storage, or received by broadcast."""
+        if signal.method != SyncMethod.COLLECTIVE:
+            return load_weights(signal.uri, signal.sha256 or None)
+        if self._receiver is None:
+            raise ValueError(f"weights v{signal.version} were broadcast, but this worker has seen no NCCL_READY")
+        version, tensors = self._receiver.wait(signal.version, timeout=self.config.trainer.weights.collective_timeout_s)
+        return tensors
+
     def load(self, signal: SyncSignal) -> bool:
         """Verify and load published weights; a corrupted or truncated upload is refused and the old weights
         stay. Returns whether the swap happened."""
         started = time.monotonic()
         try:
-            tensors = load_weights(signal.uri, signal.sha256 or None)
-        except (WeightIntegrityError, OSError, ValueError) as exc:
+            tensors = self._fetch(signal)
+        except (WeightIntegrityError, OSError, ValueError, TimeoutError, RuntimeError) as exc:
             self._refused_versions.add(signal.version)
             logger.error("%s: weights v%d from %s refused: %s; keeping v%d", self.worker_id, signal.version,
                          signal.uri, exc, self.engine.version)
@@ -262,7 +289,10 @@ class RolloutWorker:
 
     def close(self) -> None:
         """Leave the group at once so the partitions move to the other workers; release the engine."""
-        for closer in (self.consumer.close, self.sync.close, self.engine.close, self.endpoint.close):
+        closers = [self.consumer.close, self.sync.close, self.engine.close, self.endpoint.close]
+        if self._receiver is not None:
+            closers.append(lambda: self._receiver.close(timeout=0))
+        for closer in closers:
             try:
                 closer()
             except Exception:

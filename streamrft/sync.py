@@ -48,6 +48,7 @@ class SyncView:
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()
         self.cancelled_step = -1
+        self.collective_ready: SyncSignal | None = None  # the trainer's newest weight-sync group (NCCL_READY)
         self.caught_up = False
 
     @property
@@ -80,6 +81,8 @@ class SyncView:
                 self.weights = signal
         elif signal.kind == SyncKind.EXPLORER_STATE:
             self.explorer = ExplorerState.from_json(signal.state)
+        elif signal.kind == SyncKind.NCCL_READY:
+            self.collective_ready = signal
         elif signal.kind == SyncKind.CANCEL_STEP:
             self.cancelled_step = max(self.cancelled_step, signal.version)
 

@@ -15,6 +15,8 @@ from .serde import Serde
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
+# (topic, partition) -> offset
+Offsets = dict[tuple[str, int], int]
 
 
 @dataclass(slots=True)

@@ -18,9 +18,9 @@ import yaml
 from streamrft.config import load_config
 from streamrft.errors import ConfigError
 from streamrft.lifecycle import StopSignal
+from streamrft.consumers.checkpoints import Checkpoints
+from streamrft.consumers.group_buffer import GroupBuffer
 from streamrft.consumers.trainer import (
-    Checkpoints,
-    GroupBuffer,
     ReplayStart,
     Trainer,
     parse_replay_from,
@@ -355,18 +355,25 @@ def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(
 
 
 def _collective_receiver(bootstrap: str, overrides: dict, model_dir: str, out: str, version: int) -> None:
-    """Child process: find NCCL_READY on sync, join as a receiver, load the broadcast weights into an engine."""
-    from streamrft.consumers.trainer import CollectiveReceiver, find_collective_ready
+    """Child process: a rollout worker that follows `sync`, joins the trainer's weight-sync group when it is
+    announced and swaps to the broadcast weights of ``version``."""
+    from streamrft.consumers.rollout import RolloutWorker
     from streamrft.engines.inference import create_engine
 
     config = load_config(overrides=overrides, env={})
     clients = KafkaClients(config, bootstrap)
-    receiver = CollectiveReceiver(find_collective_ready(clients, timeout_s=60), timeout_s=60).start()
-    engine = create_engine("transformers", model_dir, device="cpu")
-    got, tensors = receiver.wait(version, timeout=120)
-    engine.load_weights(tensors, got)
-    torch.save({name: t.clone() for name, t in engine.state_dict().items()}, out)
+    worker = RolloutWorker(config, clients, StopSignal(), "receiver",
+                           engine=create_engine("transformers", model_dir, device="cpu"))
+    deadline = time.monotonic() + 120
+    while worker.sync.weights is None or worker.sync.weights.version < version:
+        assert time.monotonic() < deadline, "no broadcast announced"
+        worker.sync.poll(0.2)
+        worker.follow_collective()
+    assert worker.load(worker.sync.weights) and worker.engine.version == version
+    torch.save({name: t.clone() for name, t in worker.engine.state_dict().items()}, out)
+    receiver = worker._receiver
     receiver.close(timeout=60)  # until the trainer's farewell
+    worker.close()
     clients.close()
     if receiver.error is not None:
         raise receiver.error

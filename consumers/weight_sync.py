@@ -1,0 +1,222 @@
+"""Moving weights from the trainer to the inference side: publishing to object storage, and the collective
+(torch.distributed broadcast) group that the trainer leads and rollout workers join through `sync` signals."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from datetime import timedelta
+
+import torch
+
+from ..config import RunConfig
+from ..engines.training import TrainingEngine
+from ..engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
+from ..kafka import KafkaClients
+from ..schemas import SyncKind, SyncMethod, SyncSignal
+from ..sync import SyncView
+
+logger = logging.getLogger(__name__)
+
+
+class ObjectStorePublisher:
+    """Uploads a version, then returns the signal that announces it (never before the upload is complete)."""
+
+    def __init__(self, config: RunConfig, source: str):
+        w = config.trainer.weights
+        self.store = ObjectStore(config.weights_url, keep_last=w.keep_last, max_shard_bytes=w.shard_mb << 20)
+        self.source = source
+
+    def announcement(self) -> SyncSignal | None:
+        return None
+
+    def publish(self, engine: TrainingEngine, version: int) -> SyncSignal:
+        published = self.store.publish(engine.named_weights(), version=version)
+        return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
+                          method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
+                          nbytes=published.nbytes, source=self.source)
+
+    def close(self) -> None:
+        pass
+
+
+class CollectivePublisher:
+    """Rank 0 of the weight-sync group (see the module docstring for the rendezvous)."""
+
+    def __init__(self, config: RunConfig, device: torch.device, source: str):
+        import torch.distributed as dist
+
+        w = config.trainer.weights
+        self.host = w.collective_host
+        self.world_size = 1 + w.collective_receivers
+        self.timeout_s = w.collective_timeout_s
+        self.bucket_bytes = w.bucket_mb << 20
+        self.device = device
+        self.source = source
+        self.session = uuid.uuid4().hex[:12]
+        group_port = w.collective_port or free_port(self.host)
+        claim_port = w.collective_port + 1 if w.collective_port else free_port(self.host)
+        self.address = f"tcp://{self.host}:{group_port}"
+        self.claim_address = f"tcp://{self.host}:{claim_port}"
+        self._claims = dist.TCPStore(self.host, claim_port, None, True,
+                                     timedelta(seconds=self.timeout_s), wait_for_workers=False)
+        self.group: CollectiveGroup | None = None
+        self._error: BaseException | None = None
+        self._joined = threading.Event()
+        self._thread = threading.Thread(target=self._join, name="weight-sync-join", daemon=True)
+
+    def announcement(self) -> SyncSignal:
+        """NCCL_READY: where to join, how many, and where to claim a rank. Joining starts now."""
+        if not self._thread.is_alive() and not self._joined.is_set():
+            self._thread.start()
+        state = {"world_size": self.world_size, "claim": self.claim_address, "session": self.session,
+                 "bucket_bytes": self.bucket_bytes}
+        return SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri=self.address,
+                          source=self.source, state=json.dumps(state))
+
+    def _join(self) -> None:
+        try:
+            self.group = CollectiveGroup.join(self.address, 0, self.world_size, device=self.device,
+                                              timeout_s=self.timeout_s)
+        except BaseException as exc:  # surfaced at the next publish
+            self._error = exc
+        finally:
+            self._joined.set()
+
+    def _wait_for_group(self) -> CollectiveGroup:
+        if not self._joined.wait(self.timeout_s + 5):
+            raise TimeoutError("weight-sync group still forming")
+        if self.group is None:
+            raise RuntimeError(
+                f"weights.method=collective: {self.world_size - 1} receiver(s) did not join {self.address} within "
+                f"{self.timeout_s:.0f}s ({self._error}); start the inference side, raise "
+                "trainer.weights.collective_timeout_s, or use method: object_store") from self._error
+        return self.group
+
+    def publish(self, engine: TrainingEngine, version: int) -> SyncSignal:
+        group = self._wait_for_group()
+        stats = broadcast_weights(group, engine.named_weights(), version, bucket_bytes=self.bucket_bytes)
+        return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
+                          method=SyncMethod.COLLECTIVE, uri=self.address, nbytes=stats.nbytes, source=self.source)
+
+    def close(self) -> None:
+        if self.group is not None:
+            try:
+                broadcast_weights(self.group, [], -1)  # tells receivers to leave
+            except Exception:
+                logger.debug("farewell broadcast failed", exc_info=True)
+            self.group.close()
+            self.group = None
+        self._claims = None
+
+
+def find_collective_ready(clients: KafkaClients, timeout_s: float = 60.0, client_id: str = "collective-receiver",
+                          ) -> SyncSignal:
+    """The newest NCCL_READY on the run's ``sync`` topic, waiting up to ``timeout_s`` for one to appear."""
+    view = SyncView(clients, client_id=client_id)
+    deadline = time.monotonic() + timeout_s
+    ready = None
+    try:
+        while True:
+            for signal in view.poll(0.2):
+                if signal.kind == SyncKind.NCCL_READY:
+                    ready = signal
+            if ready is not None and view.caught_up:
+                return ready
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no NCCL_READY on {view.topic} after {timeout_s:.0f}s; is the trainer running "
+                                   "with trainer.weights.method: collective?")
+    finally:
+        view.close()
+
+
+class CollectiveReceiver:
+    """Inference side of ``collective``: claims a rank, joins the trainer's group and receives every broadcast
+    on a background thread; the owner swaps between tasks with :meth:`take` (newest version) or waits with
+    :meth:`wait`. Every receiver must keep receiving (the trainer's broadcast waits for all)."""
+
+    def __init__(self, ready: SyncSignal, *, device: torch.device | str = "cpu", rank: int | None = None,
+                 timeout_s: float = 300.0):
+        if ready.kind != SyncKind.NCCL_READY:
+            raise ValueError(f"expected an NCCL_READY signal, got {ready.kind}")
+        self.ready = ready
+        self.state = json.loads(ready.state)
+        self.device = torch.device(device)
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.group: CollectiveGroup | None = None
+        self.error: BaseException | None = None
+        self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
+        self._cond = threading.Condition()
+        self._done = False
+        self._thread = threading.Thread(target=self._main, name="weight-sync-receive", daemon=True)
+
+    def start(self) -> "CollectiveReceiver":
+        self._thread.start()
+        return self
+
+    def _claim_rank(self) -> int:
+        import torch.distributed as dist
+        from urllib.parse import urlparse
+
+        url = urlparse(self.state["claim"])
+        store = dist.TCPStore(url.hostname, url.port, None, False, timedelta(seconds=self.timeout_s))
+        rank = int(store.add(f"{self.state['session']}/rank", 1))
+        if rank >= int(self.state["world_size"]):
+            raise RuntimeError(f"the weight-sync group {self.ready.uri} expects {self.state['world_size'] - 1} "
+                               f"receiver(s); this one would be number {rank} (raise "
+                               "trainer.weights.collective_receivers)")
+        return rank
+
+    def _main(self) -> None:
+        try:
+            if self.rank is None:
+                self.rank = self._claim_rank()
+            self.group = CollectiveGroup.join(self.ready.uri, self.rank, int(self.state["world_size"]),
+                                              device=self.device, timeout_s=self.timeout_s)
+            while True:
+                received = receive_weights(self.group)
+                if received.version < 0:
+                    logger.info("weight-sync group %s: the trainer left", self.ready.uri)
+                    break
+                tensors = dict(received)
+                with self._cond:
+                    self._latest = (received.version, tensors)
+                    self._cond.notify_all()
+                logger.info("received weights v%d (%d tensors) by broadcast", received.version, len(tensors))
+        except BaseException as exc:
+            self.error = exc
+            logger.error("weight-sync receiver stopped: %s", exc)
+        finally:
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+            if self.group is not None:
+                self.group.close()
+
+    def take(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest received version not taken yet, or None."""
+        with self._cond:
+            latest, self._latest = self._latest, None
+            return latest
+
+    def wait(self, version: int, timeout: float) -> tuple[int, dict[str, torch.Tensor]]:
+        """Block until a version >= ``version`` has been received; returns it (and takes it)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._latest is None or self._latest[0] < version:
+                if self._done:
+                    raise RuntimeError(f"the weight-sync receiver stopped before v{version}") from self.error
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"weights v{version} not received by broadcast within {timeout:.0f}s")
+                self._cond.wait(left)
+            latest, self._latest = self._latest, None
+            return latest
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._thread.join(timeout)
+
+
