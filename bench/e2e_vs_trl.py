@@ -28,7 +28,7 @@ Needs TRL: .venv/bin/pip install trl datasets
 
 Usage: python bench/e2e_vs_trl.py [--budget-s 600] [--batch-size 8] [--repeat 8] [--max-tokens 32] [--lr 1e-5]
                                   [--temperature 1.0] [--micro-batch 16] [--last-n 5] [--only trl|streamrft]
-                                  [--workdir DIR]
+                                  [--workdir DIR] [--keep]
 """
 from __future__ import annotations
 
@@ -45,6 +45,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import shutil
 
 import yaml
 from rich.console import Console
@@ -322,7 +324,7 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path) -> dict:
     return config
 
 
-def run_streamrft(setup: Setup, demo: dict, workdir: Path) -> SideResult:
+def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False) -> SideResult:
     result = SideResult("streamrft")
     side_dir = workdir / "streamrft"
     side_dir.mkdir(parents=True, exist_ok=True)
@@ -341,6 +343,9 @@ def run_streamrft(setup: Setup, demo: dict, workdir: Path) -> SideResult:
     if code not in (130, 0):
         result.error = f"`streamrft run` exited with {code}; {log_path} ends with:\n{_tail(log_path)}"
     run_dir = side_dir / "run"
+    if not keep:  # published weights, checkpoints and broker data: GBs; the metrics and logs stay
+        for heavy in (side_dir / "weights", side_dir / "checkpoints", run_dir / "kafka"):
+            shutil.rmtree(heavy, ignore_errors=True)
     created = _metric_times(run_dir / "metrics.csv")
     deadline_ms = (t0 + setup.budget_s) * 1000
     steps_csv = run_dir / "steps.csv"
@@ -471,6 +476,8 @@ def main() -> int:
     parser.add_argument("--last-n", type=int, default=5, help="batches in the final accuracy")
     parser.add_argument("--only", choices=("trl", "streamrft"), default=None)
     parser.add_argument("--workdir", default=None, help="where logs and runs go (default: a new temp dir)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep streamrft's published weights, checkpoints and broker data (GBs)")
     parser.add_argument("--trl-child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trl_child:
@@ -486,7 +493,7 @@ def main() -> int:
             results.append(run_trl(setup, workdir))
     if args.only in (None, "streamrft"):
         with console.status(f"streamrft run for {setup.budget_s:.0f} s"):
-            results.append(run_streamrft(setup, demo, workdir))
+            results.append(run_streamrft(setup, demo, workdir, args.keep))
     report(setup, results, args.last_n, workdir)
     return 1 if any(r.error for r in results) else 0
 

@@ -61,12 +61,14 @@ def _scrape(port: int) -> dict[tuple[str, frozenset], float]:
 
 
 def _run_monitor(config, clients, max_idle_s: float = 3.0) -> tuple[Monitor, int]:
+    """Run a monitor until idle; the caller closes it (its Prometheus endpoint lives until then)."""
     with StopSignal() as stop:
         monitor = Monitor(config, clients, stop)
         try:
             exported = monitor.run(max_idle_s=max_idle_s)
-        finally:
+        except BaseException:
             monitor.close()
+            raise
     return monitor, exported
 
 
@@ -118,6 +120,9 @@ def test_monitor_exports_each_value_once_and_report_draws_it(run_config, tmp_pat
     assert samples[("streamrft_actor_kl", trainer)] == pytest.approx(0.003)
     step_labels = frozenset({"metric": "actor/kl", "role": "trainer", "source": "trainer"}.items())
     assert samples[("streamrft_metric_step", step_labels)] == 3
+    monitor.close()
+    with pytest.raises(OSError):  # closing the role releases its endpoint
+        _scrape(monitor.metrics_port)
     w0 = frozenset({"role": "rollout", "source": "w0"}.items())
     assert samples[("streamrft_rollout_worker_batch_ms", w0)] == 104
     assert samples[("streamrft_monitor_records_total", frozenset({"outcome": "duplicate"}.items()))] == 1
