@@ -123,6 +123,9 @@ class AlgorithmConfig(Section):
     kl_penalty_coef: float = Field(default=0.0, ge=0)
     tis: bool = False
     tis_cap: float = Field(default=2.0, ge=1)
+    # True: one extra forward pass per step gives the PPO ratio's denominator under the trainer's own numerics;
+    # False: the rollout engine's logprobs are used (cheaper; exact up to numerics when rollouts are on-policy).
+    recompute_old_logprobs: bool = True
 
 
 class WeightSyncConfig(Section):
