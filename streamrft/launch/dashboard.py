@@ -49,7 +49,7 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
         steps.add_column(column, justify="right")
     for step in sorted(explorer)[-ROWS:]:
         row = explorer[step]
-        train = trainer.get(step + 1, {})  # trainer step t+1 trains explorer step t's experiences
+        train = trainer.get(step, {})  # trainer step t trains explorer step t's experiences
         steps.add_row(str(step), _fmt(row.get("rollout/reward_mean")), _fmt(row.get("rollout/accuracy")),
                       _fmt(row.get("rollout/model_version"), ".0f"), _fmt(row.get("rollout/staleness"), ".0f"),
                       f"{_fmt(row.get('rollout/ok'), '.0f')}/{_fmt(row.get('rollout/tasks'), '.0f')}",

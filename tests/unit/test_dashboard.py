@@ -1,0 +1,32 @@
+"""The live dashboard of `streamrft run` renders what the metrics say (no broker: a stand-in follower)."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from types import SimpleNamespace
+
+from rich.console import Console
+
+from streamrft.launch.dashboard import render
+
+
+def test_dashboard_shows_steps_trainer_figures_lag_and_processes():
+    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
+    follower.by_role["explorer"] = {
+        0: {"rollout/reward_mean": 0.047, "rollout/accuracy": 0.047, "rollout/model_version": 0,
+            "rollout/staleness": 0, "rollout/ok": 8, "rollout/tasks": 8, "time/step_s": 18.5},
+        1: {"rollout/reward_mean": 0.172, "rollout/accuracy": 0.172, "rollout/model_version": 0,
+            "rollout/staleness": 1, "rollout/ok": 7, "rollout/tasks": 8, "time/step_s": 94.5},
+    }
+    follower.by_role["trainer"] = {0: {"actor/pg_loss": 0.0123, "actor/kl": 0.0004}}
+    follower.latest = {"rollout_worker/samples_per_s": 3.4, "actor/grad_norm": 0.5, "actor/lr": 1e-5}
+    processes = [SimpleNamespace(name="explorer", running=True, returncode=None),
+                 SimpleNamespace(name="rollout-0", running=False, returncode=1)]
+    console = Console(record=True, width=160)
+    console.print(render(follower, {"trainer": 64}, processes, time.monotonic() - 90, "demo"))
+    text = console.export_text()
+    assert "streamrft run demo" in text and "1.5 min" in text
+    assert "0.172" in text and "7/8" in text and "94.5" in text
+    assert "0.0123" in text  # trainer step 0 trained explorer step 0's experiences: on the same row
+    assert "lag trainer" in text and "64" in text
+    assert "exited 1" in text and "3.4" in text
