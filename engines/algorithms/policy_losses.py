@@ -49,6 +49,13 @@ def ppo_clip(
     """
     log_ratio = (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
+    return _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_low: float,
+                       clip_high: float) -> PolicyLossOutput:
+    """``L = −min(ρ·A, clip(ρ, 1 − clip_low, 1 + clip_high)·A)`` per token, shared by the token- and
+    sequence-ratio losses; a token is clipped where the clipped branch is the smaller one and differs."""
     unclipped = ratio * advantages
     clipped_obj = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
     token_loss = -torch.minimum(unclipped, clipped_obj)
@@ -79,11 +86,7 @@ def gspo(
     seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     log_ratio = seq_log_ratio.detach()[:, None] + logprobs - logprobs.detach()
     ratio = torch.exp(log_ratio)
-    unclipped = ratio * advantages
-    clipped_obj = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * advantages
-    token_loss = -torch.minimum(unclipped, clipped_obj)
-    clipped = ((advantages > 0) & (ratio > 1.0 + clip_high)) | ((advantages < 0) & (ratio < 1.0 - clip_low))
-    return PolicyLossOutput(token_loss, ratio.detach(), clipped & (mask > 0))
+    return _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
 
 
 @POLICY_LOSSES.register("sft")
