@@ -268,7 +268,7 @@ class RolloutWorker:
             return load_weights(signal.uri, signal.sha256 or None)
         if self._receiver is None:
             raise ValueError(f"weights v{signal.version} were broadcast, but this worker has seen no NCCL_READY")
-        version, tensors = self._receiver.wait(signal.version, timeout=self.config.trainer.weights.collective_timeout_s)
+        _, tensors = self._receiver.wait(signal.version, timeout=self.config.trainer.weights.collective_timeout_s)
         return tensors
 
     def load(self, signal: SyncSignal) -> bool:

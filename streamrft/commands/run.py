@@ -85,7 +85,8 @@ class _broker_bootstrap:
 
 
 def _check_resumable(clients: KafkaClients) -> None:
-    if clients.describe() and not any(r.records for r in clients.describe() if r.name.endswith(".tasks")):
+    tasks_topic = clients.config.topic("tasks")
+    if not any(report.records for report in clients.describe() if report.name == tasks_topic):
         raise StreamrftError("the run has no tasks to resume; start it without --resume")
 
 
