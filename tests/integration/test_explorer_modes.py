@@ -83,3 +83,40 @@ def test_over_rollout_finishes_steps_early_and_reports_the_rest_cancelled(run_co
     results = read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult)
     assert RolloutStatus.CANCELLED in {r.status for r in results}
     clients.close()
+
+
+def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
+    import time
+
+    config = run_config(
+        explorer={"batch_size": 4, "repeat_times": 2, "total_epochs": None, "total_steps": 2, "idle_wait_s": 1.0,
+                  "sync_style": "fully_async", "max_staleness": 100, "metrics_port": None},
+        rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    first, later = make_arithmetic_tasks(4, seed=8), make_arithmetic_tasks(4, seed=9)
+    producer = clients.producer()
+    for task in first:
+        producer.produce(config.topic("tasks"), task)
+    producer.flush()
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    deadline = time.monotonic() + 60
+    while explorer.role is None or explorer.role.state.finished_step < 0:
+        assert time.monotonic() < deadline, "step 0 did not finish"
+        time.sleep(0.2)
+    time.sleep(2)  # the topic is exhausted: a streaming explorer waits instead of finishing
+    assert explorer.thread.is_alive() and explorer.role.state.next_step == 1
+    for task in later:
+        producer.produce(config.topic("tasks"), task)
+    producer.flush()
+    wait_for(explorer, [worker], 60)
+    worker.stop.request()
+    worker.join(60)
+
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
+    by_step = {}
+    for request in requests:
+        by_step.setdefault(request.batch_id, set()).add(request.task.task_id)
+    assert by_step == {0: {t.task_id for t in first}, 1: {t.task_id for t in later}}
+    clients.close()
