@@ -115,9 +115,11 @@ def answers_match(given: str, reference: Any) -> bool:
 
 @register_reward("exact_number")
 def exact_number(response: str, payload: Mapping[str, Any]) -> Reward:
-    """1.0 when the last number in the response equals the payload's ``answer``, else 0.0."""
+    """1.0 when the last number in the response equals the payload's ``answer``, else 0.0. The reference is
+    read first, so a task without a usable answer fails whatever the model wrote."""
+    expected = reference_number(payload)
     got = final_number(response)
-    correct = got is not None and got == reference_number(payload)
+    correct = got is not None and got == expected
     return Reward(1.0 if correct else 0.0, correct=correct)
 
 

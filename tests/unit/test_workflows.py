@@ -432,3 +432,11 @@ def test_run_workflows_isolates_failures(plugin_names) -> None:
     assert isinstance(results[1], WorkflowError) and "only this one" in str(results[1])
     assert len(results[0]) == 2 and results[2][0].correct
     assert run_workflows([], create_engine("fake")) == []
+
+
+def test_exact_number_refuses_a_task_without_an_answer_whatever_the_response():
+    from streamrft.engines.workflows.rewards import exact_number
+
+    for response in ("no digits at all", "1 + 1 = 2"):
+        with pytest.raises(KeyError, match="no 'answer'"):
+            exact_number(response, {"question": "What is 1 + 1?"})
