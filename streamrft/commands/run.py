@@ -67,10 +67,10 @@ def _cluster(config: RunConfig, run_dir: Path, resume: bool):
                              f"delete {run_dir} / set another `name` to start over")
     if resume and not data_dir.exists():
         raise StreamrftError(f"nothing to resume: {data_dir} does not exist; start the run without --resume")
-    return _broker_bootstrap(EmbeddedBroker(config.broker, data_dir=data_dir, keep_data=True))
+    return _BrokerBootstrap(EmbeddedBroker(config.broker, data_dir=data_dir, keep_data=True))
 
 
-class _broker_bootstrap:
+class _BrokerBootstrap:
     def __init__(self, broker: EmbeddedBroker):
         self.broker = broker
 

@@ -41,6 +41,14 @@ class RoleThread:
             raise self.error
 
 
+def produce_tasks(clients, config, tasks) -> None:
+    """Put ``tasks`` on the run's ``tasks`` topic, delivered before returning."""
+    producer = clients.producer()
+    for task in tasks:
+        producer.produce(config.topic("tasks"), task)
+    producer.flush()
+
+
 def wait_for(main: RoleThread, helpers: list[RoleThread], timeout: float) -> None:
     """Join ``main``, failing at once if one of ``helpers`` dies on the way (instead of timing out)."""
     import time

@@ -13,7 +13,7 @@ from streamrft.engines.tasks import make_arithmetic_tasks
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, Metric, RolloutKind, RolloutRequest, RolloutResult, RolloutStatus
 
-from .roles import RoleThread, read_all, wait_for
+from .roles import RoleThread, produce_tasks, read_all, wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -21,10 +21,7 @@ pytestmark = pytest.mark.kafka
 def _run(config, tasks, timeout=120):
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
-    producer = clients.producer()
-    for task in tasks:
-        producer.produce(config.topic("tasks"), task)
-    producer.flush()
+    produce_tasks(clients, config, tasks)
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
     wait_for(explorer, [worker], timeout)
@@ -95,10 +92,7 @@ def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
     first, later = make_arithmetic_tasks(4, seed=8), make_arithmetic_tasks(4, seed=9)
-    producer = clients.producer()
-    for task in first:
-        producer.produce(config.topic("tasks"), task)
-    producer.flush()
+    produce_tasks(clients, config, first)
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
     deadline = time.monotonic() + 60
@@ -107,9 +101,7 @@ def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
         time.sleep(0.2)
     time.sleep(2)  # the topic is exhausted: a streaming explorer waits instead of finishing
     assert explorer.thread.is_alive() and explorer.role.state.next_step == 1
-    for task in later:
-        producer.produce(config.topic("tasks"), task)
-    producer.flush()
+    produce_tasks(clients, config, later)
     wait_for(explorer, [worker], 60)
     worker.stop.request()
     worker.join(60)

@@ -9,7 +9,7 @@ from streamrft.engines.tasks import make_arithmetic_tasks
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, RolloutResult, RolloutStatus
 
-from .roles import RoleThread, group_sizes, read_all, wait_for
+from .roles import RoleThread, group_sizes, produce_tasks, read_all, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
@@ -24,18 +24,11 @@ def _config(run_config, tiny_model_dir, **explorer):
     )
 
 
-def _produce_tasks(clients, config, tasks):
-    producer = clients.producer()
-    for task in tasks:
-        producer.produce(config.topic("tasks"), task)
-    producer.flush()
-
-
 def test_explorer_and_two_workers_account_for_every_sample(run_config, tiny_model_dir):
     config = _config(run_config, tiny_model_dir)
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
-    _produce_tasks(clients, config, make_arithmetic_tasks(24, seed=1))
+    produce_tasks(clients, config, make_arithmetic_tasks(24, seed=1))
 
     workers = [RoleThread(f"worker-{i}", lambda stop, i=i: RolloutWorker(config, clients, stop, f"w{i}")).start()
                for i in range(2)]
@@ -70,7 +63,7 @@ def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir
     clients.ensure_topics()
     tasks = make_arithmetic_tasks(3, seed=2)
     poison = Task(task_id="poison-1", workflow="arithmetic", payload='{"question": "What is 1 + 1?"}')  # no answer
-    _produce_tasks(clients, config, [tasks[0], poison, *tasks[1:]])
+    produce_tasks(clients, config, [tasks[0], poison, *tasks[1:]])
 
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
@@ -107,7 +100,7 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
         update={"checkpoint_dir": str(tiny_model_dir.parent / f"{config.name}-ckpt")})})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
-    _produce_tasks(clients, config, make_arithmetic_tasks(4, seed=3))
+    produce_tasks(clients, config, make_arithmetic_tasks(4, seed=3))
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
 
@@ -153,7 +146,7 @@ def test_sigkill_of_one_worker_loses_and_duplicates_nothing(run_config, tiny_mod
         "sampling": config.rollout.sampling.model_copy(update={"max_tokens": 24})})})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
-    _produce_tasks(clients, config, make_arithmetic_tasks(24, seed=4))
+    produce_tasks(clients, config, make_arithmetic_tasks(24, seed=4))
     path = write_config(config, tmp_path / "run.yaml")
     workers = {name: role_process(["rollout", "--worker-id", name], path, tmp_path / f"{name}.log")
                for name in ("victim", "survivor")}
