@@ -7,11 +7,14 @@ The Confluent wire format (schema registry) is handled one layer up, in ``stream
 """
 from __future__ import annotations
 
+import struct
+from functools import cache
 from io import BytesIO
 from typing import TypeVar
 
 from fastavro import schemaless_reader, schemaless_writer
 
+from .compiled import CompiledRecord, Malformed, Truncated, Unsupported, compile_record
 from .contract import RECORD_NAMES, fingerprint64, parsed, schema_json
 from .records import RECORD_TYPES, Record
 
@@ -67,8 +70,21 @@ def framing_of(data: bytes) -> str:
     raise UnknownMagicError(bytes(data[:2]))
 
 
+@cache
+def _compiled(name: str) -> CompiledRecord | None:
+    """The generated encoder/decoder of the current schema of ``name`` (header included); None: fastavro only."""
+    schema = schema_json(name)
+    try:
+        return compile_record(schema, RECORD_TYPES, SINGLE_OBJECT_MAGIC + fingerprint64(schema))
+    except Unsupported:
+        return None
+
+
 class SingleObjectCodec:
-    """Encodes records of the contract and decodes any known writer version of them."""
+    """Encodes records of the contract and decodes any known writer version of them.
+
+    Records of the current schemas go through code generated for each schema (``compiled.py``, ~3x faster than
+    fastavro's generic walk, same bytes); payloads of older writer schemas are resolved by fastavro."""
 
     def __init__(self) -> None:
         self._writers: dict[str, tuple[bytes, dict]] = {}  # record name -> (fingerprint, parsed schema)
@@ -81,6 +97,10 @@ class SingleObjectCodec:
             self._writers[name] = (fp, parsed(schema))
             self._readers[name] = parsed(schema)
             self._by_fingerprint[fp] = (name, self._readers[name])
+        self._fast_encode = {name: c.encode for name in RECORD_NAMES if (c := _compiled(name)) is not None}
+        # fingerprint of a current schema -> its generated decoder
+        self._fast_decode = {fp: c.decode for name, (fp, _) in self._writers.items()
+                             if (c := _compiled(name)) is not None}
 
     def register_writer_schema(self, record_name: str, schema: dict) -> bytes:
         """Accept payloads written with an older (or other compatible) version of ``record_name``'s schema."""
@@ -94,6 +114,12 @@ class SingleObjectCodec:
         return self._writers[record_type.schema_name][0]
 
     def encode(self, record: Record) -> bytes:
+        fast = self._fast_encode.get(record.schema_name)
+        if fast is not None:
+            try:
+                return fast(record)
+            except Exception:  # noqa: BLE001 - a value the generated code does not take: fastavro below either
+                pass  # writes it (identically) or raises its own error naming the field
         fp, schema = self._writers[record.schema_name]
         buf = BytesIO()
         buf.write(SINGLE_OBJECT_MAGIC)
@@ -122,8 +148,24 @@ class SingleObjectCodec:
             raise UnknownFingerprintError(fp) from None
         if expected is not None and expected.schema_name != name:
             raise WrongRecordTypeError(f"payload is a {name}, expected a {expected.schema_name}")
+        fast = self._fast_decode.get(fp)
+        if fast is not None:
+            return self._decode_fast(name, fast, data if type(data) is bytes else bytes(data))
         datum = self.decode_body(name, writer, data[HEADER_SIZE:])
         return RECORD_TYPES[name].from_dict(datum)  # type: ignore[return-value]
+
+    @staticmethod
+    def _decode_fast(name: str, decode, data: bytes):
+        try:
+            record, end = decode(data, HEADER_SIZE)
+        except (Truncated, IndexError, struct.error) as exc:  # indexing or unpacking past the end
+            raise TruncatedRecordError(f"{name} body ends early ({len(data) - HEADER_SIZE} bytes): {exc}") from exc
+        except Exception as exc:  # Malformed, UnicodeDecodeError, a converter refusing a value, ...
+            detail = str(exc) if isinstance(exc, Malformed) else repr(exc)
+            raise DecodeError(f"{name} body is not valid Avro: {detail}") from exc
+        if end != len(data):
+            raise DecodeError(f"{name} body has {len(data) - end} trailing bytes")
+        return record
 
     def decode_body(self, name: str, writer: dict, body: bytes) -> dict:
         """Decode an Avro binary body written with ``writer`` into the current schema of ``name``."""
