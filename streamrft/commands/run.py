@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -108,8 +109,22 @@ def _produce_task_files(config: RunConfig, clients: KafkaClients) -> None:
                                      f"(first: line {first.line}: {first.reason}); fix the file")
 
 
+# The roles share this machine's cores. OpenMP threads spin while they wait for work by default, so two torch
+# processes (rollout generating while the trainer trains) burn each other's CPU: on 2 cores, a training step
+# overlapping generation took 83 s instead of 26 s, generation 62 s instead of 22 s. Passive waiting yields the
+# core instead. A value the user set is kept.
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def role_environment(bootstrap: str) -> dict[str, str]:
+    """What every role process gets on top of this process's environment."""
+    env = {k: v for k, v in SHARED_CORES_ENV.items() if k not in os.environ}
+    env["STREAMRFT_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap
+    return env
+
+
 def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path) -> list[RoleProcess]:
-    env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": bootstrap}
+    env = role_environment(bootstrap)
     logs = run_dir / "logs"
     processes = [
         RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env),
