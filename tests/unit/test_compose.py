@@ -72,6 +72,14 @@ def test_services_and_role_commands(services):
     assert re.search(r"^FROM python:3\.11-slim\b", dockerfile, re.M)
 
 
+def test_roles_share_cores_as_streamrft_run_sets_them(services):
+    from streamrft.commands.run import SHARED_CORES_ENV
+
+    for name in ROLES:
+        env = _env(services[name])
+        assert {k: env.get(k) for k in SHARED_CORES_ENV} == SHARED_CORES_ENV, name
+
+
 def test_rollout_scales(services):
     rollout = services["rollout"]
     assert "container_name" not in rollout and "ports" not in rollout  # replicas would collide
