@@ -1,7 +1,7 @@
 """The torch training engine (no Kafka): collate experiences, per-token logprobs, loss, optimiser step."""
 from .batch import Batch, collate
 from .engine import TrainingEngine, default_device
-from .logprobs import entropy_from_logits, response_logprobs
+from .logprobs import entropy_from_logprobs, response_logprobs
 from .schedule import build_scheduler, lr_factor
 from .settings import TrainingSettings
 

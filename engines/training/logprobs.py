@@ -6,10 +6,11 @@ import torch
 from .batch import Batch
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """``H = logsumexp(l) − Σ_v softmax(l)_v · l_v`` over the last dimension."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+def entropy_from_logprobs(log_probs: torch.Tensor) -> torch.Tensor:
+    """``H = −Σ_v p_v · log p_v`` over the last dimension, from the log-softmax the loss computes anyway (one
+    exp pass instead of a second softmax and logsumexp over the vocabulary). Needs finite log-probs: the
+    trainer never masks logits with −inf."""
+    return -(log_probs.exp() * log_probs).sum(-1)
 
 
 def response_logprobs(
@@ -43,5 +44,5 @@ def response_logprobs(
     targets = batch.input_ids[:, batch.prompt_width :]
     log_probs = torch.log_softmax(logits, dim=-1)
     token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = entropy_from_logits(logits if entropy_grad else logits.detach()) if with_entropy else None
+    entropy = entropy_from_logprobs(log_probs if entropy_grad else log_probs.detach()) if with_entropy else None
     return token_logprobs, entropy

@@ -282,3 +282,11 @@ def test_from_pretrained_loads_the_tiny_model_dir(tiny_model_dir):
     metrics = engine.train_step(exps)
     assert engine.step == 1 and math.isfinite(metrics["actor/grad_norm"])
     assert any(not torch.equal(before[n], t) for n, t in engine.named_weights())
+
+
+def test_entropy_from_logprobs_matches_torch_categorical():
+    from streamrft.engines.training import entropy_from_logprobs
+
+    logits = torch.randn(3, 5, 50, generator=torch.Generator().manual_seed(0)) * 4
+    expected = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.allclose(entropy_from_logprobs(torch.log_softmax(logits, -1)), expected, atol=1e-5)
