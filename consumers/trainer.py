@@ -85,7 +85,7 @@ def training_settings(config: RunConfig) -> TrainingSettings:
             temperature=temperature, advantage=a.advantage, policy_loss=a.policy_loss, clip_low=a.clip_low,
             clip_high=a.clip_high, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
             kl_estimator=a.kl_estimator, kl_penalty_coef=a.kl_penalty_coef, tis=a.tis, tis_cap=a.tis_cap,
-            recompute_old_logprobs=a.recompute_old_logprobs,
+            recompute_old_logprobs=a.recompute_old_logprobs, mixed_precision=t.mixed_precision,
         )
     except ValueError as exc:
         raise ConfigError(f"trainer settings: {exc}") from exc

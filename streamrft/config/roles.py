@@ -164,6 +164,9 @@ class TrainerConfig(Section):
     keep_checkpoints: int = Field(default=2, ge=1)
     weights: WeightSyncConfig = WeightSyncConfig()
     device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
+    mixed_precision: Literal["auto", "bf16", "no"] = Field(
+        default="auto", description="bf16 autocast of the forward/backward (master weights and optimizer stay "
+                                    "fp32); auto = bf16 on CUDA, fp32 on CPU; bf16 also pays on CPUs with AMX")
     metrics_port: int | None = 9103
 
 

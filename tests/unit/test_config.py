@@ -94,3 +94,12 @@ def test_schema_registry_url_is_checked():
     with pytest.raises(ConfigError, match="schema_registry.url"):
         load_config(overrides={"schema_registry": {"url": "registry:8081"}}, env={})
     assert load_config(overrides={"schema_registry": {"url": "http://registry:8081"}}, env={}).schema_registry.enabled
+
+
+def test_trainer_mixed_precision_reaches_the_engine_and_bad_values_are_named():
+    from streamrft.consumers.trainer import training_settings
+
+    assert training_settings(load_config(overrides={})).mixed_precision == "auto"
+    assert training_settings(load_config(overrides={"trainer": {"mixed_precision": "bf16"}})).mixed_precision == "bf16"
+    with pytest.raises(ConfigError, match="trainer.mixed_precision"):
+        load_config(overrides={"trainer": {"mixed_precision": "fp8"}})
