@@ -27,7 +27,8 @@ over the first and the last N batches. Goal: streamrft >= TRL on samples/s and o
 Needs TRL: .venv/bin/pip install trl datasets
 
 Usage: python bench/e2e_vs_trl.py [--budget-s 600] [--batch-size 8] [--repeat 8] [--max-tokens 32] [--lr 1e-5]
-                                  [--temperature 1.0] [--micro-batch 16] [--last-n 5] [--only trl|streamrft]
+                                  [--temperature 1.0] [--micro-batch 16] [--last-n 5]
+                                  [--sides trl,streamrft,streamrft-bf16]
                                   [--workdir DIR] [--keep]
 """
 from __future__ import annotations
@@ -300,12 +301,15 @@ def run_trl(setup: Setup, workdir: Path) -> SideResult:
 # ---------------------------------------------------------------------------------------------------------------
 # streamrft (`streamrft run` in a child process)
 # ---------------------------------------------------------------------------------------------------------------
-def streamrft_config(setup: Setup, demo: dict, side_dir: Path) -> dict:
+def streamrft_config(setup: Setup, demo: dict, side_dir: Path, bf16: bool = False) -> dict:
     """The demo config with the shared settings, a unique name, all output under ``side_dir``, no eval, no
-    checkpoints inside the budget, no fixed metrics ports, and enough epochs that the budget is what stops it."""
+    checkpoints inside the budget, no fixed metrics ports, and enough epochs that the budget is what stops it.
+    ``bf16``: rollout engine in bfloat16 and the trainer's forward/backward under bf16 autocast (fp32 master
+    weights and optimizer) instead of fp32 everywhere."""
     config = json.loads(json.dumps(demo))  # deep copy
     config["name"] = f"e2e-vs-trl-{uuid.uuid4().hex[:8]}"
     config["model"]["path"] = setup.model_path
+    config["model"]["dtype"] = "bfloat16" if bf16 else "float32"
     config["explorer"].update(batch_size=setup.batch_size, repeat_times=setup.repeat, total_epochs=1000,
                               total_steps=None, eval_interval=None, eval_tasksets=[], metrics_port=None)
     rollout = config.setdefault("rollout", {})
@@ -314,6 +318,7 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path) -> dict:
     rollout.setdefault("sampling", {}).update(temperature=setup.temperature, max_tokens=setup.max_tokens,
                                               top_p=1.0, top_k=0)
     config["trainer"].update(lr=setup.lr, lr_schedule="constant", micro_batch_size=setup.micro_batch,
+                             mixed_precision="bf16" if bf16 else "no",
                              max_grad_norm=setup.max_grad_norm, save_interval=10 ** 9,
                              checkpoint_dir=str(side_dir / "checkpoints"), metrics_port=None)
     config["trainer"].setdefault("algorithm", {}).update(clip_low=setup.clip_low, clip_high=setup.clip_high)
@@ -324,11 +329,12 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path) -> dict:
     return config
 
 
-def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False) -> SideResult:
-    result = SideResult("streamrft")
-    side_dir = workdir / "streamrft"
+def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False, bf16: bool = False) -> SideResult:
+    name = "streamrft-bf16" if bf16 else "streamrft"
+    result = SideResult(name)
+    side_dir = workdir / name
     side_dir.mkdir(parents=True, exist_ok=True)
-    config = streamrft_config(setup, demo, side_dir)
+    config = streamrft_config(setup, demo, side_dir, bf16)
     config_path, log_path = side_dir / "config.yaml", side_dir / "run.log"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRFT_")}  # the config file rules
@@ -445,13 +451,18 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
         if r.error:
             console.print(f"[red]{r.name} failed:[/] {r.error}")
     by_name = {r.name: r for r in results}
-    if {"TRL", "streamrft"} <= by_name.keys() and not any(r.error for r in results):
-        ours, theirs = by_name["streamrft"], by_name["TRL"]
+    labels = {"streamrft": "goal (same fp32 precision as TRL)",
+              "streamrft-bf16": "for information (bf16 engines vs TRL's fp32: not the goal's comparison)"}
+    for side, label in labels.items():
+        if not {"TRL", side} <= by_name.keys() or by_name["TRL"].error or by_name[side].error:
+            continue
+        ours, theirs = by_name[side], by_name["TRL"]
         checks = [("samples/s", ours.rate(setup.budget_s), theirs.rate(setup.budget_s)),
                   (f"last-{last_n} accuracy", ours.accuracy(slice(-last_n, None)),
                    theirs.accuracy(slice(-last_n, None)))]
         verdicts = [f"{name} {'PASS' if a >= b else 'FAIL'} ({a:.3f} vs {b:.3f})" for name, a, b in checks]
-        console.print(f"goal: streamrft >= TRL on samples/s and on last-{last_n} accuracy: " + "; ".join(verdicts))
+        console.print(f"{label}: {side} >= TRL on samples/s and on last-{last_n} accuracy: " + "; ".join(verdicts))
+    if "TRL" in by_name and any(side in by_name for side in labels):
         n = setup.completions_per_step * last_n
         console.print(f"  (last-{last_n} accuracy is over ~{n} samples per side: its standard error is about "
                       f"{math.sqrt(0.25 / n):.3f} at p = 0.5)")
@@ -474,7 +485,10 @@ def main() -> int:
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="sequences per forward/backward (default: the demo's trainer.micro_batch_size)")
     parser.add_argument("--last-n", type=int, default=5, help="batches in the final accuracy")
-    parser.add_argument("--only", choices=("trl", "streamrft"), default=None)
+    parser.add_argument("--sides", default="trl,streamrft",
+                        help="comma-separated, run in this order: trl, streamrft (fp32 like TRL), streamrft-bf16 "
+                             "(bf16 rollout engine + bf16 autocast in the trainer; shown, never judged against "
+                             "TRL's fp32)")
     parser.add_argument("--workdir", default=None, help="where logs and runs go (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true",
                         help="keep streamrft's published weights, checkpoints and broker data (GBs)")
@@ -487,13 +501,17 @@ def main() -> int:
     setup = make_setup(args, demo)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="e2e_vs_trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = set(sides) - {"trl", "streamrft", "streamrft-bf16"}
+    if unknown:
+        parser.error(f"unknown side(s) {', '.join(sorted(unknown))}; use trl, streamrft, streamrft-bf16")
     results = []
-    if args.only in (None, "trl"):
-        with console.status(f"TRL GRPOTrainer for {setup.budget_s:.0f} s"):
-            results.append(run_trl(setup, workdir))
-    if args.only in (None, "streamrft"):
-        with console.status(f"streamrft run for {setup.budget_s:.0f} s"):
-            results.append(run_streamrft(setup, demo, workdir, args.keep))
+    for side in sides:
+        with console.status(f"{side} for {setup.budget_s:.0f} s"):
+            if side == "trl":
+                results.append(run_trl(setup, workdir))
+            else:
+                results.append(run_streamrft(setup, demo, workdir, args.keep, bf16=side == "streamrft-bf16"))
     report(setup, results, args.last_n, workdir)
     return 1 if any(r.error for r in results) else 0
 
