@@ -152,6 +152,10 @@ class RecordConsumer(Generic[R]):
         self._pending = dict(offsets)
         self.at_eof.clear()
 
+    def assignment(self) -> list[tuple[str, int]]:
+        """The partitions the group has given this member (empty until a poll has served the rebalance)."""
+        return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
+
     def positions(self) -> dict[tuple[str, int], int]:
         """Next offset per partition for everything handed out so far (or as assigned)."""
         return dict(self._pending)
