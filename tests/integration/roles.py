@@ -49,6 +49,16 @@ def produce_tasks(clients, config, tasks) -> None:
     producer.flush()
 
 
+def wait_for_explorer_step(explorer: RoleThread, step: int, timeout: float) -> None:
+    """Wait until the explorer role has finished ``step``."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while explorer.role is None or explorer.role.state.finished_step < step:
+        assert time.monotonic() < deadline, f"step {step} did not finish"
+        time.sleep(0.2)
+
+
 def wait_for(main: RoleThread, helpers: list[RoleThread], timeout: float) -> None:
     """Join ``main``, failing at once if one of ``helpers`` dies on the way (instead of timing out)."""
     import time

@@ -13,7 +13,7 @@ from streamrft.engines.tasks import make_arithmetic_tasks
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, Metric, RolloutKind, RolloutRequest, RolloutResult, RolloutStatus
 
-from .roles import RoleThread, produce_tasks, read_all, wait_for
+from .roles import RoleThread, produce_tasks, read_all, wait_for, wait_for_explorer_step
 
 pytestmark = pytest.mark.kafka
 
@@ -95,10 +95,7 @@ def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
     produce_tasks(clients, config, first)
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
-    deadline = time.monotonic() + 60
-    while explorer.role is None or explorer.role.state.finished_step < 0:
-        assert time.monotonic() < deadline, "step 0 did not finish"
-        time.sleep(0.2)
+    wait_for_explorer_step(explorer, 0, timeout=60)
     time.sleep(2)  # the topic is exhausted: a streaming explorer waits instead of finishing
     assert explorer.thread.is_alive() and explorer.role.state.next_step == 1
     produce_tasks(clients, config, later)

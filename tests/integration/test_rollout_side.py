@@ -9,7 +9,7 @@ from streamrft.engines.tasks import make_arithmetic_tasks
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, RolloutResult, RolloutStatus
 
-from .roles import RoleThread, group_sizes, produce_tasks, read_all, wait_for
+from .roles import RoleThread, group_sizes, produce_tasks, read_all, wait_for, wait_for_explorer_step
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
@@ -104,10 +104,7 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
 
-    deadline = time.monotonic() + 120
-    while explorer.role is None or explorer.role.state.finished_step < 0:
-        assert time.monotonic() < deadline, "step 0 did not finish"
-        time.sleep(0.5)
+    wait_for_explorer_step(explorer, 0, timeout=120)
     time.sleep(5)  # no trainer: step 1 needs weights v1, so the explorer must hold
     assert explorer.role.state.next_step == 1
     assert explorer.role.g_waiting._value.get() == 1
