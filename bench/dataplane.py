@@ -35,7 +35,7 @@ from streamrft.kafka import KafkaClients
 from streamrft.kafka.admin import ensure_topics
 from streamrft.kafka.props import consumer_props, producer_props
 from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, pack_f32, pack_i32, schema_json
-from streamrft.schemas.codec import HEADER_SIZE
+from streamrft.schemas.codec import HEADER_SIZE, SINGLE_OBJECT_MAGIC
 from streamrft.schemas.contract import parsed
 
 console = Console()
@@ -84,7 +84,8 @@ def streamrft_round(clients: KafkaClients, topic: str, records: list[Experience]
     producer = clients.producer()
     consumer = clients.consumer([topic], Experience, group)
     while not consumer.assignment():  # as in raw_round: both clocks start with partitions assigned
-        assert not consumer.poll(10, 0.1)
+        early = consumer.poll(10, 0.1)
+        assert not early, "the topic should be empty before the clock starts"
     start = time.perf_counter()
     for record in records:
         producer.produce(topic, record)
@@ -120,7 +121,7 @@ def fastavro_costs(records: list[Experience]) -> tuple[float, float]:
     still its path for payloads of older writer schemas)."""
     codec = SingleObjectCodec()
     schema = parsed(schema_json("Experience"))
-    header = codec.encode(records[0])[:HEADER_SIZE]
+    header = SINGLE_OBJECT_MAGIC + codec.fingerprint(Experience)
     start = time.perf_counter()
     encoded = []
     for r in records:

@@ -43,7 +43,7 @@ def run_config(bootstrap: str, name: str, latency: float):
 def produce_requests(clients: KafkaClients, config, tasks, repeat: int, tag: str) -> None:
     producer = clients.producer()
     topic = config.topic("rollouts")
-    partitions = len(clients.offsets(topic))
+    partitions = config.topics.rollouts.partitions
     for i, task in enumerate(tasks):
         producer.produce(topic, RolloutRequest(request_id=f"{tag}-{task.task_id}", batch_id=0,
                                                kind=RolloutKind.TRAIN, task=task, repeat_times=repeat),
@@ -51,7 +51,7 @@ def produce_requests(clients: KafkaClients, config, tasks, repeat: int, tag: str
     producer.flush()
 
 
-def wait_results(clients: KafkaClients, config, reader, expected: int, timeout: float = 600) -> None:
+def wait_results(reader, expected: int, timeout: float = 600) -> None:
     got = 0
     deadline = time.monotonic() + timeout
     while got < expected:
@@ -74,11 +74,11 @@ def measure(bootstrap: str, workers: int, tasks: int, latency: float, repeat: in
     try:
         # Warm-up: every worker has joined the group and handled requests before the clock starts.
         produce_requests(clients, config, make_arithmetic_tasks(8 * workers, seed=99), repeat, "warm")
-        wait_results(clients, config, reader, 8 * workers)
+        wait_results(reader, 8 * workers)
         timed = make_arithmetic_tasks(tasks, seed=1)
         start = time.perf_counter()
         produce_requests(clients, config, timed, repeat, "timed")
-        wait_results(clients, config, reader, tasks)
+        wait_results(reader, tasks)
         elapsed = time.perf_counter() - start
     finally:
         for proc in procs:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import logging
 import os
 import shutil
 import uuid
@@ -18,7 +17,6 @@ from ..errors import ConfigError
 from ..kafka.consumer import Offsets
 from ..schemas import now_ms
 
-logger = logging.getLogger(__name__)
 
 CHECKPOINT_FORMAT = "streamrft.trainer-checkpoint/1"
 AUDIT_NAME = "trained.jsonl"

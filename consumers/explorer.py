@@ -56,6 +56,7 @@ class Explorer:
         self.clients = clients
         self.stop = stop
         self.source = source
+        self._eval_sets: dict[str, list[Task]] = {}  # eval taskset name -> its tasks (files read once)
         self.tasks = clients.consumer([config.topic("tasks")], Task, config.group("explorer"), client_id=source,
                                       extra={"enable.partition.eof": True})
         self.results = clients.consumer([config.topic("results")], RolloutResult, config.group("explorer"),
@@ -298,7 +299,7 @@ class Explorer:
 
     def _evaluate(self, step: int) -> None:
         for taskset in self.settings.eval_tasksets:
-            tasks = load_eval_tasks(taskset)
+            tasks = self._eval_tasks(taskset)
             requests = {}
             for task in tasks:
                 request = RolloutRequest(request_id=f"eval-{taskset.name}-s{step}-{task.task_id}", batch_id=step,
@@ -337,6 +338,12 @@ class Explorer:
         self.state.done = True
         self._commit_or_fail(self._produce_state, "marking the run done")
         logger.info("explorer: done after %d steps", self.state.next_step)
+
+    def _eval_tasks(self, taskset: EvalTaskset) -> list[Task]:
+        """An eval set's tasks, read from its file at the first eval round only."""
+        if taskset.name not in self._eval_sets:
+            self._eval_sets[taskset.name] = load_eval_tasks(taskset)
+        return self._eval_sets[taskset.name]
 
     def close(self) -> None:
         for closer in (self.tasks.close, self.results.close, self.sync.close, self.endpoint.close):

@@ -2,7 +2,6 @@
 which expired, and the oldest offset still untrained per partition."""
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -11,7 +10,6 @@ from typing import Iterable
 from ..kafka.consumer import Delivered, Offsets
 from ..schemas import Experience
 
-logger = logging.getLogger(__name__)
 
 
 @dataclass

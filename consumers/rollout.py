@@ -255,8 +255,7 @@ class RolloutWorker:
         ready = self.sync.collective_ready
         if ready is None or (self._receiver is not None and self._receiver.ready.state == ready.state):
             return
-        if self._receiver is not None:
-            self._receiver.close(timeout=0)
+        # a replaced receiver's thread ends by itself: the trainer that owned its group has left (farewell broadcast)
         device = "cpu" if self.settings.device == "auto" else self.settings.device
         self._receiver = CollectiveReceiver(ready, device=device,
                                             timeout_s=self.config.trainer.weights.collective_timeout_s).start()
@@ -289,10 +288,8 @@ class RolloutWorker:
 
     def close(self) -> None:
         """Leave the group at once so the partitions move to the other workers; release the engine."""
-        closers = [self.consumer.close, self.sync.close, self.engine.close, self.endpoint.close]
-        if self._receiver is not None:
-            closers.append(lambda: self._receiver.close(timeout=0))
-        for closer in closers:
+        # a collective receiver's daemon thread needs no closing: it ends with the trainer's group or the process
+        for closer in (self.consumer.close, self.sync.close, self.engine.close, self.endpoint.close):
             try:
                 closer()
             except Exception:

@@ -199,7 +199,6 @@ class Trainer:
         self.trained = 0
         self._dropped_incomplete = self._dropped_stale = 0  # since the last step's metrics
         self._end_watch: _EndWatch | None = None
-        self.history: list[dict[str, float]] = []
         self._prometheus()
 
     def _prometheus(self) -> None:
@@ -338,7 +337,6 @@ class Trainer:
         if self.publisher is not None and self.step % self.config.explorer.sync_interval == 0:
             signal, metrics["time/publish_weights"] = self._publish_weights()  # 5.
         self._commit(index, metrics, signal)  # 6.
-        self.history.append({"step": float(index), **metrics})
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
         logger.info("%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, "
@@ -441,8 +439,8 @@ class Trainer:
         return offsets
 
     def _origin(self, partitions: Offsets) -> Offsets:
-        ends = self.clients.offsets(self.topic, "end")
         if self.replay is not None and self.replay.offset is not None:
+            ends = self.clients.offsets(self.topic, "end")
             offsets = {tp: min(max(self.replay.offset, low), ends[tp]) for tp, low in partitions.items()}
             origin = f"replay from {self.replay}"
         elif self.replay is not None:

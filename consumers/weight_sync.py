@@ -14,9 +14,7 @@ import torch
 from ..config import RunConfig
 from ..engines.training import TrainingEngine
 from ..engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
-from ..kafka import KafkaClients
 from ..schemas import SyncKind, SyncMethod, SyncSignal
-from ..sync import SyncView
 
 logger = logging.getLogger(__name__)
 
@@ -112,39 +110,18 @@ class CollectivePublisher:
         self._claims = None
 
 
-def find_collective_ready(clients: KafkaClients, timeout_s: float = 60.0, client_id: str = "collective-receiver",
-                          ) -> SyncSignal:
-    """The newest NCCL_READY on the run's ``sync`` topic, waiting up to ``timeout_s`` for one to appear."""
-    view = SyncView(clients, client_id=client_id)
-    deadline = time.monotonic() + timeout_s
-    ready = None
-    try:
-        while True:
-            for signal in view.poll(0.2):
-                if signal.kind == SyncKind.NCCL_READY:
-                    ready = signal
-            if ready is not None and view.caught_up:
-                return ready
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no NCCL_READY on {view.topic} after {timeout_s:.0f}s; is the trainer running "
-                                   "with trainer.weights.method: collective?")
-    finally:
-        view.close()
-
-
 class CollectiveReceiver:
     """Inference side of ``collective``: claims a rank, joins the trainer's group and receives every broadcast
-    on a background thread; the owner swaps between tasks with :meth:`take` (newest version) or waits with
-    :meth:`wait`. Every receiver must keep receiving (the trainer's broadcast waits for all)."""
+    on a background thread; the owner waits for a version with :meth:`wait`. Every receiver must keep receiving
+    (the trainer's broadcast waits for all)."""
 
-    def __init__(self, ready: SyncSignal, *, device: torch.device | str = "cpu", rank: int | None = None,
-                 timeout_s: float = 300.0):
+    def __init__(self, ready: SyncSignal, *, device: torch.device | str = "cpu", timeout_s: float = 300.0):
         if ready.kind != SyncKind.NCCL_READY:
             raise ValueError(f"expected an NCCL_READY signal, got {ready.kind}")
         self.ready = ready
         self.state = json.loads(ready.state)
         self.device = torch.device(device)
-        self.rank = rank
+        self.rank: int | None = None
         self.timeout_s = timeout_s
         self.group: CollectiveGroup | None = None
         self.error: BaseException | None = None
@@ -172,8 +149,7 @@ class CollectiveReceiver:
 
     def _main(self) -> None:
         try:
-            if self.rank is None:
-                self.rank = self._claim_rank()
+            self.rank = self._claim_rank()
             self.group = CollectiveGroup.join(self.ready.uri, self.rank, int(self.state["world_size"]),
                                               device=self.device, timeout_s=self.timeout_s)
             while True:
@@ -196,12 +172,6 @@ class CollectiveReceiver:
             if self.group is not None:
                 self.group.close()
 
-    def take(self) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """The newest received version not taken yet, or None."""
-        with self._cond:
-            latest, self._latest = self._latest, None
-            return latest
-
     def wait(self, version: int, timeout: float) -> tuple[int, dict[str, torch.Tensor]]:
         """Block until a version >= ``version`` has been received; returns it (and takes it)."""
         deadline = time.monotonic() + timeout
@@ -217,6 +187,5 @@ class CollectiveReceiver:
             return latest
 
     def close(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` for the receiving thread to end (it ends at the trainer's farewell)."""
         self._thread.join(timeout)
-
-

@@ -29,13 +29,12 @@ class FieldMapping:
     reward_fn: str | None = None
     repeat_times: int | None = None
 
-
     @classmethod
-    def from_task_file(cls, task_file, **overrides) -> "FieldMapping":
+    def from_task_file(cls, task_file) -> "FieldMapping":
         """The mapping a config ``TaskFile`` (or ``EvalTaskset``) describes."""
         taskset = task_file.taskset or getattr(task_file, "name", None) or Path(task_file.path).stem
         return cls(prompt_key=task_file.prompt_key, answer_key=task_file.answer_key, workflow=task_file.workflow,
-                   taskset=taskset, **overrides)
+                   taskset=taskset)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import struct
 from functools import cache
 from io import BytesIO
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from fastavro import schemaless_reader, schemaless_writer
 
@@ -88,26 +88,27 @@ class SingleObjectCodec:
 
     def __init__(self) -> None:
         self._writers: dict[str, tuple[bytes, dict]] = {}  # record name -> (fingerprint, parsed schema)
-        self._readers: dict[str, dict] = {}  # record name -> parsed current schema
-        # fingerprint -> (record name, parsed writer schema)
-        self._by_fingerprint: dict[bytes, tuple[str, dict]] = {}
+        self._readers: dict[str, dict] = {}  # record name -> parsed current schema (the same parsed object)
+        self._fast_encode: dict[str, Callable[[Record], bytes]] = {}  # record name -> generated encoder
+        # fingerprint -> (record name, parsed writer schema, generated decoder or None: fastavro resolves it)
+        self._by_fingerprint: dict[bytes, tuple[str, dict, Callable | None]] = {}
         for name in RECORD_NAMES:
             schema = schema_json(name)
             fp = fingerprint64(schema)
-            self._writers[name] = (fp, parsed(schema))
-            self._readers[name] = parsed(schema)
-            self._by_fingerprint[fp] = (name, self._readers[name])
-        self._fast_encode = {name: c.encode for name in RECORD_NAMES if (c := _compiled(name)) is not None}
-        # fingerprint of a current schema -> its generated decoder
-        self._fast_decode = {fp: c.decode for name, (fp, _) in self._writers.items()
-                             if (c := _compiled(name)) is not None}
+            current = parsed(schema)
+            compiled = _compiled(name)
+            self._writers[name] = (fp, current)
+            self._readers[name] = current
+            self._by_fingerprint[fp] = (name, current, compiled.decode if compiled else None)
+            if compiled is not None:
+                self._fast_encode[name] = compiled.encode
 
     def register_writer_schema(self, record_name: str, schema: dict) -> bytes:
         """Accept payloads written with an older (or other compatible) version of ``record_name``'s schema."""
         if record_name not in self._readers:
             raise KeyError(f"unknown record {record_name!r}; known: {', '.join(RECORD_NAMES)}")
         fp = fingerprint64(schema)
-        self._by_fingerprint[fp] = (record_name, parsed(schema))
+        self._by_fingerprint[fp] = (record_name, parsed(schema), None)
         return fp
 
     def fingerprint(self, record_type: type[Record]) -> bytes:
@@ -143,12 +144,11 @@ class SingleObjectCodec:
             raise UnknownMagicError(bytes(data[:2]))
         fp = bytes(data[2:HEADER_SIZE])
         try:
-            name, writer = self._by_fingerprint[fp]
+            name, writer, fast = self._by_fingerprint[fp]
         except KeyError:
             raise UnknownFingerprintError(fp) from None
         if expected is not None and expected.schema_name != name:
             raise WrongRecordTypeError(f"payload is a {name}, expected a {expected.schema_name}")
-        fast = self._fast_decode.get(fp)
         if fast is not None:
             return self._decode_fast(name, fast, data if type(data) is bytes else bytes(data))
         datum = self.decode_body(name, writer, data[HEADER_SIZE:])

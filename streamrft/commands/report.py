@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import logging
 import math
 import os
 from collections import defaultdict
@@ -13,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import load_config
+from ..consumers.monitor import METRICS_CSV
 from ..errors import StreamrftError
 
-logger = logging.getLogger(__name__)
 
-METRICS_CSV = "metrics.csv"  # written by streamrft.consumers.monitor
 REPORT_PNG = "report.png"
 
 # (role, name) -> {step: value}; several sources of one role (rollout workers) are averaged per step.
@@ -34,12 +32,13 @@ def register(subparsers) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    directory = resolve_output_dir(args.target)
-    series = read_metrics(directory / METRICS_CSV)
-    output = args.output or directory / REPORT_PNG
-    render(series, output, title=directory.name)
-    print(output)
+    print(write_report(resolve_output_dir(args.target), args.output))
     return 0
+
+
+def write_report(directory: Path, output: Path | None = None) -> Path:
+    """The PNG of the monitor's metrics.csv in ``directory`` (default: ``directory/report.png``)."""
+    return render(read_metrics(directory / METRICS_CSV), output or directory / REPORT_PNG, title=directory.name)
 
 
 def resolve_output_dir(target: str) -> Path:

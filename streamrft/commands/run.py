@@ -197,9 +197,8 @@ def _log_new_steps(follower: MetricsFollower, reported: set[int]) -> None:
 
 
 def _final_report(run_dir: Path) -> None:
-    from .report import read_metrics, render as render_report
+    from ..consumers.monitor import METRICS_CSV
+    from .report import write_report
 
-    csv = run_dir / "metrics.csv"
-    if csv.exists():
-        png = render_report(read_metrics(csv), run_dir / "report.png", title=run_dir.name)
-        console.print(f"report: {png}")
+    if (run_dir / METRICS_CSV).exists():
+        console.print(f"report: {write_report(run_dir)}")

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient
 
 from ..schemas import Record
 from ..config import RunConfig
-from .admin import describe_run, ensure_topics, group_lag, run_topics, watermarks
+from .admin import committed_offsets, describe_run, ensure_topics, group_lag, run_topics, watermarks
 from .consumer import Delivered, RecordConsumer
 from .dlq import DeadLetter, dead_letter, dlq_topic_of
 from .producer import DeliveryError, RecordProducer
@@ -75,10 +75,7 @@ class KafkaClients:
 
     def committed(self, group: str, topic: str) -> dict[tuple[str, int], int]:
         """Committed next-offsets of ``group`` on ``topic``; partitions without a commit are left out."""
-        from .admin import _committed
-
-        return {(tp.topic, tp.partition): tp.offset for tp in _committed(self.admin(), group, 10.0)
-                if tp.topic == topic and tp.offset >= 0}
+        return committed_offsets(self.admin(), group, topic)
 
     def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[tuple[str, int], int]:
         """Per partition of ``topic``, the first offset whose record timestamp is >= ``timestamp_ms`` (the end

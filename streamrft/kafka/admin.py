@@ -116,13 +116,19 @@ def group_lag(admin: AdminClient, consumer: Consumer, group: str, topic: str, ti
     metadata = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
     if metadata is None or metadata.error is not None:
         return 0
-    committed = {tp.partition: tp.offset for tp in _committed(admin, group, timeout) if tp.topic == topic}
+    committed = committed_offsets(admin, group, topic, timeout)
     lag = 0
     for partition in metadata.partitions:
         low, high = watermarks(consumer, TopicPartition(topic, partition), timeout)
-        offset = committed.get(partition, -1)
+        offset = committed.get((topic, partition), -1)
         lag += high - (offset if offset >= 0 else low)
     return lag
+
+
+def committed_offsets(admin: AdminClient, group: str, topic: str, timeout: float = 10.0) -> dict[tuple[str, int], int]:
+    """Committed next-offsets of ``group`` on ``topic``; partitions without a commit are left out."""
+    return {(tp.topic, tp.partition): tp.offset for tp in _committed(admin, group, timeout)
+            if tp.topic == topic and tp.offset >= 0}
 
 
 def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 10.0) -> tuple[int, int]:

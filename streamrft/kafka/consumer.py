@@ -122,11 +122,9 @@ class RecordConsumer(Generic[R]):
         return [TopicPartition(t, p, o) for (t, p), o in self._pending.items()]
 
     def commit(self) -> None:
-        offsets = self.pending_offsets()
-        if offsets:
-            self._consumer.commit(offsets=offsets, asynchronous=False)
+        self.commit_offsets(self._pending)
 
-    def commit_offsets(self, offsets: dict[tuple[str, int], int]) -> None:
+    def commit_offsets(self, offsets: Offsets) -> None:
         """Commit explicit next-offsets (a caller that holds read records back, e.g. the trainer's buffer,
         commits less than it has read, so the group's lag still counts them)."""
         if offsets:
@@ -146,21 +144,17 @@ class RecordConsumer(Generic[R]):
             offset = tp.offset if tp.offset != OFFSET_INVALID else OFFSET_BEGINNING
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
-    def assign(self, offsets: dict[tuple[str, int], int]) -> None:
+    def assign(self, offsets: Offsets) -> None:
         """Group-less reading from explicit positions (which also become the pending positions)."""
         self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in offsets.items()])
         self._pending = dict(offsets)
         self.at_eof.clear()
 
-    def assignment(self) -> list[tuple[str, int]]:
-        """The partitions the group has given this member (empty until a poll has served the rebalance)."""
-        return [(tp.topic, tp.partition) for tp in self._consumer.assignment()]
-
-    def positions(self) -> dict[tuple[str, int], int]:
+    def positions(self) -> Offsets:
         """Next offset per partition for everything handed out so far (or as assigned)."""
         return dict(self._pending)
 
-    def fetch_positions(self) -> dict[tuple[str, int], int]:
+    def fetch_positions(self) -> Offsets:
         """The consumer's own position per assigned partition: unlike :meth:`positions` it moves past
         transaction markers, so it reaches the end offset once a partition is read to its end."""
         out = dict(self._pending)

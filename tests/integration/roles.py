@@ -43,10 +43,9 @@ class RoleThread:
 
 def produce_tasks(clients, config, tasks) -> None:
     """Put ``tasks`` on the run's ``tasks`` topic, delivered before returning."""
-    producer = clients.producer()
-    for task in tasks:
-        producer.produce(config.topic("tasks"), task)
-    producer.flush()
+    from streamrft.producers import task_producer
+
+    task_producer.produce_tasks(clients.producer(), config.topic("tasks"), tasks)
 
 
 def wait_for_explorer_step(explorer: RoleThread, step: int, timeout: float) -> None:
