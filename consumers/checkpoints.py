@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..kafka.consumer import Offsets
-from ..schemas import now_ms
+from streamrft.errors import ConfigError
+from streamrft.kafka.consumer import Offsets
+from streamrft.schemas import now_ms
 
 
 CHECKPOINT_FORMAT = "streamrft.trainer-checkpoint/1"

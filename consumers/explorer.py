@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ..config import EvalTaskset, RunConfig
-from ..kafka import KafkaClients, RecordProducer, Transactor
-from ..lifecycle import StopSignal
-from ..pacing import lag_allows, may_publish, required_version
-from ..producers.task_files import FieldMapping, read_tasks
-from ..rollout_stats import eval_metrics, step_metrics
-from ..schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
-from ..selection import Selector
-from ..sync import ExplorerState, SyncView
-from ..telemetry import MetricsPublisher, serve_prometheus
+from streamrft.config import EvalTaskset, RunConfig
+from streamrft.kafka import KafkaClients, RecordProducer, Transactor
+from streamrft.lifecycle import StopSignal
+from streamrft.pacing import lag_allows, may_publish, required_version
+from streamrft.producers.task_files import FieldMapping, read_tasks
+from streamrft.rollout_stats import eval_metrics, step_metrics
+from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
+from streamrft.selection import Selector
+from streamrft.sync import ExplorerState, SyncView
+from streamrft.telemetry import MetricsPublisher, serve_prometheus
 
 logger = logging.getLogger(__name__)
 
@@ -280,7 +280,7 @@ class Explorer:
         self.results.assign(offsets)
 
     def _replay_results_for_selector(self) -> None:
-        from ..kafka.reader import read_topic
+        from streamrft.kafka.reader import read_topic
 
         topic = self.config.topic("results")
         count = 0

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 
-from ..kafka.consumer import Delivered, Offsets
-from ..schemas import Experience
+from streamrft.kafka.consumer import Delivered, Offsets
+from streamrft.schemas import Experience
 
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engines.models import default_smollm2_dir, is_prepared
-from ..errors import ConfigError
+from streamrft.engines.models import default_smollm2_dir, is_prepared
+from streamrft.errors import ConfigError
 
 DEMO_MODELS = {"smollm2-135m": default_smollm2_dir}
 

@@ -29,11 +29,11 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ..config import RunConfig
-from ..kafka import KafkaClients
-from ..lifecycle import StopSignal
-from ..schemas import Metric
-from ..telemetry import serve_prometheus
+from streamrft.config import RunConfig
+from streamrft.kafka import KafkaClients
+from streamrft.lifecycle import StopSignal
+from streamrft.schemas import Metric
+from streamrft.telemetry import serve_prometheus
 
 logger = logging.getLogger(__name__)
 

@@ -23,18 +23,18 @@ import uuid
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ..config import RunConfig
-from ..engines.inference import InferenceEngine, SamplingParams, create_engine
-from ..engines.weights.errors import WeightIntegrityError
-from ..engines.weights.object_store import load_weights
-from ..engines.workflows.base import WorkflowError, WorkflowSample
-from ..engines.workflows.batch import run_workflows
-from ..kafka import KafkaClients, RecordProducer, Transactor, dead_letter
-from ..kafka.consumer import Delivered
-from ..lifecycle import StopSignal
-from ..schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncMethod, SyncSignal
-from ..sync import SyncView
-from ..telemetry import MetricsPublisher, serve_prometheus
+from streamrft.config import RunConfig
+from streamrft.engines.inference import InferenceEngine, SamplingParams, create_engine
+from streamrft.engines.weights.errors import WeightIntegrityError
+from streamrft.engines.weights.object_store import load_weights
+from streamrft.engines.workflows.base import WorkflowError, WorkflowSample
+from streamrft.engines.workflows.batch import run_workflows
+from streamrft.kafka import KafkaClients, RecordProducer, Transactor, dead_letter
+from streamrft.kafka.consumer import Delivered
+from streamrft.lifecycle import StopSignal
+from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncMethod, SyncSignal
+from streamrft.sync import SyncView
+from streamrft.telemetry import MetricsPublisher, serve_prometheus
 from .model_paths import resolve_model_path
 from .weight_sync import CollectiveReceiver
 

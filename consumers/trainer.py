@@ -45,16 +45,16 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from ..config import RunConfig
-from ..engines.algorithms import apply_staleness
-from ..engines.training import TrainingEngine, TrainingSettings
-from ..errors import ConfigError
-from ..kafka import KafkaClients, RecordProducer, Transactor
-from ..kafka.consumer import Delivered, Offsets
-from ..lifecycle import StopSignal
-from ..schemas import Experience, RolloutKind, SingleObjectCodec, SyncSignal
-from ..sync import SyncView
-from ..telemetry import MetricsPublisher, serve_prometheus
+from streamrft.config import RunConfig
+from streamrft.engines.algorithms import apply_staleness
+from streamrft.engines.training import TrainingEngine, TrainingSettings
+from streamrft.errors import ConfigError
+from streamrft.kafka import KafkaClients, RecordProducer, Transactor
+from streamrft.kafka.consumer import Delivered, Offsets
+from streamrft.lifecycle import StopSignal
+from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, SyncSignal
+from streamrft.sync import SyncView
+from streamrft.telemetry import MetricsPublisher, serve_prometheus
 from .checkpoints import Checkpoints
 from .group_buffer import Group, GroupBuffer
 from .model_paths import resolve_model_path

@@ -11,10 +11,10 @@ from datetime import timedelta
 
 import torch
 
-from ..config import RunConfig
-from ..engines.training import TrainingEngine
-from ..engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
-from ..schemas import SyncKind, SyncMethod, SyncSignal
+from streamrft.config import RunConfig
+from streamrft.engines.training import TrainingEngine
+from streamrft.engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
+from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 
 logger = logging.getLogger(__name__)
 

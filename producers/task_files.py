@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..schemas import Task
+from streamrft.schemas import Task
 
 
 @dataclass(frozen=True)

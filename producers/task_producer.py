@@ -5,8 +5,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..schemas import Task
-from ..kafka import RecordProducer
+from streamrft.schemas import Task
+from streamrft.kafka import RecordProducer
 from .task_files import Rejected
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Needs no registry: the fingerprint names the writer schema, and the decoder resolves it against the current
 (reader) schema, so records written by an older schema version still decode, with defaults for new fields.
-The Confluent wire format (schema registry) is handled one layer up, in ``streamrft.serde``, because it needs
+The Confluent wire format (schema registry) is handled one layer up, in ``streamrft.kafka.serde``, because it needs
 ``confluent_kafka``.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from .schemas import RolloutResult, RolloutStatus
+from streamrft.schemas import RolloutResult, RolloutStatus
 
 
 def step_metrics(results: list[RolloutResult], step: int, version: int, expected: int) -> dict[str, float]:

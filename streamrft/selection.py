@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from .schemas import RolloutResult, Task
+from streamrft.schemas import RolloutResult, Task
 
 
 class Selector:

@@ -10,7 +10,7 @@ import logging
 from dataclasses import dataclass, field
 
 from .kafka import KafkaClients
-from .schemas import SyncKind, SyncSignal
+from streamrft.schemas import SyncKind, SyncSignal
 
 logger = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import logging
 from prometheus_client import CollectorRegistry, start_http_server
 
 from .kafka import RecordProducer
-from .schemas import Metric
+from streamrft.schemas import Metric
 
 logger = logging.getLogger(__name__)
 

@@ -103,3 +103,15 @@ def terminate(pid: int, data_dir: str, timeout: float = 20.0) -> bool:
         if sig == signal.SIGTERM and process_alive(pid, data_dir):
             logger.warning("broker pid %d did not stop within %.0f s; killing it", pid, timeout)
     return False
+
+
+def user_topic_count(bootstrap_servers: str) -> str:
+    """How many non-internal topics the broker at ``bootstrap_servers`` holds, or why that is unknown."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        metadata = AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=10)
+    except KafkaException as exc:
+        return f"unknown ({exc.args[0]})"
+    return str(sum(1 for name in metadata.topics if not name.startswith("__")))

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from ..broker import EmbeddedBroker, ensure_jars
 from ..broker.state import (BrokerState, clear_state, process_alive, read_state, running_broker, terminate,
-                            write_state)
+                            user_topic_count, write_state)
 from ..config import load_config
 
 console = Console(stderr=True)
@@ -123,14 +123,7 @@ def broker_status(args: argparse.Namespace) -> int:
     if state is None:
         console.print("no broker is running (start one with `streamrft broker start`)")
         return 1
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient
-
-    try:
-        metadata = AdminClient({"bootstrap.servers": state.bootstrap_servers}).list_topics(timeout=10)
-        topics = str(sum(1 for name in metadata.topics if not name.startswith("__")))
-    except KafkaException as exc:
-        topics = f"unknown ({exc.args[0]})"
+    topics = user_topic_count(state.bootstrap_servers)
     uptime = time.time() - state.started_at
     console.print(f"running: Kafka {state.kafka_version} at {state.bootstrap_servers}, pid {state.pid}, "
                   f"up {uptime / 60:.0f} min, {topics} topics, data {state.data_dir}"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import load_config
-from ..consumers.monitor import METRICS_CSV
+from streamrft.consumers.monitor import METRICS_CSV
 from ..errors import StreamrftError
 
 

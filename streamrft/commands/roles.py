@@ -54,7 +54,7 @@ def _run_role(args: argparse.Namespace, build, run) -> int:
 
 
 def run_explorer(args: argparse.Namespace) -> int:
-    from ..consumers.explorer import Explorer
+    from streamrft.consumers.explorer import Explorer
 
     def run(explorer) -> int:
         state = explorer.run()
@@ -64,7 +64,7 @@ def run_explorer(args: argparse.Namespace) -> int:
 
 
 def run_rollout(args: argparse.Namespace) -> int:
-    from ..consumers.rollout import RolloutWorker
+    from streamrft.consumers.rollout import RolloutWorker
 
     def build(config, clients, stop):
         return RolloutWorker(config, clients, stop, worker_id=args.worker_id)
@@ -77,7 +77,7 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ..consumers.trainer import Trainer
+    from streamrft.consumers.trainer import Trainer
 
     def build(config, clients, stop):
         return Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from)
@@ -90,7 +90,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_monitor(args: argparse.Namespace) -> int:
-    from ..consumers.monitor import Monitor
+    from streamrft.consumers.monitor import Monitor
 
     def run(monitor) -> int:
         monitor.run(max_idle_s=args.max_idle_s)

@@ -25,8 +25,8 @@ from ..kafka import KafkaClients
 from ..launch.dashboard import MetricsFollower, group_lags, render
 from ..launch.processes import RoleProcess, stop_all
 from ..lifecycle import StopSignal
-from ..producers.task_files import FieldMapping, count_rows, read_tasks
-from ..producers.task_producer import produce_tasks
+from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
+from streamrft.producers.task_producer import produce_tasks
 from .common import add_config_argument, config_from, console
 
 logger = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def _log_new_steps(follower: MetricsFollower, reported: set[int]) -> None:
 
 
 def _final_report(run_dir: Path) -> None:
-    from ..consumers.monitor import METRICS_CSV
+    from streamrft.consumers.monitor import METRICS_CSV
     from .report import write_report
 
     if (run_dir / METRICS_CSV).exists():

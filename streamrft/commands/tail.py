@@ -9,8 +9,8 @@ from typing import Any
 
 from ..config import TOPIC_NAMES
 from ..kafka.reader import RawRecord, read_topic
-from ..schemas import DecodeError, Experience
-from ..schemas.packing import unpack_f32, unpack_i32, unpack_u8
+from streamrft.schemas import DecodeError, Experience
+from streamrft.schemas.packing import unpack_f32, unpack_i32, unpack_u8
 from .common import add_config_argument, config_from, open_run
 
 # Packed array fields of Experience and how to show them.

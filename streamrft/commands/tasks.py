@@ -6,8 +6,8 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..producers.task_files import FieldMapping, count_rows, read_tasks
-from ..producers.task_producer import produce_tasks
+from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
+from streamrft.producers.task_producer import produce_tasks
 from .common import add_config_argument, config_from, console, open_run
 
 SHOW_REJECTED = 20

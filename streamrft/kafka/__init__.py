@@ -11,7 +11,7 @@ import uuid
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from ..schemas import Record
+from streamrft.schemas import Record
 from ..config import RunConfig
 from .admin import committed_offsets, describe_run, ensure_topics, group_lag, run_topics, watermarks
 from .consumer import Delivered, RecordConsumer

@@ -8,7 +8,7 @@ from typing import Generic, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 
-from ..schemas import DecodeError, Record
+from streamrft.schemas import DecodeError, Record
 from .dlq import dead_letter
 from .producer import RecordProducer
 from .serde import Serde

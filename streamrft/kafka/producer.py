@@ -7,7 +7,7 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from ..schemas import Record
+from streamrft.schemas import Record
 from .dlq import DeadLetter
 from .serde import Serde
 

@@ -7,8 +7,8 @@ import json
 import logging
 from typing import TypeVar
 
-from ..schemas import DecodeError, Record, SingleObjectCodec, framing_of, schema_json
-from ..schemas.records import RECORD_TYPES
+from streamrft.schemas import DecodeError, Record, SingleObjectCodec, framing_of, schema_json
+from streamrft.schemas.records import RECORD_TYPES
 from ..config import SchemaRegistryConfig
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from ..kafka import KafkaClients
-from ..schemas import Metric
+from streamrft.schemas import Metric
 
 ROWS = 12
 
