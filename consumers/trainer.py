@@ -71,24 +71,8 @@ _EPOCH_MS_FROM = 10**12  # a --replay-from integer this large is epoch milliseco
 # settings derived from the run config
 # ---------------------------------------------------------------------------------------------------------------
 def training_settings(config: RunConfig) -> TrainingSettings:
-    """The training engine's settings from the trainer and algorithm sections. The loss divides logits by the
-    rollout's sampling temperature, as the engine did when it computed the behaviour logprobs."""
-    t, a = config.trainer, config.trainer.algorithm
-    if t.lr_schedule == "warmup_cosine" and t.total_steps is None:
-        raise ConfigError("trainer.lr_schedule=warmup_cosine needs trainer.total_steps (the cosine horizon); set "
-                          "it, or use lr_schedule: constant")
-    temperature = config.rollout.sampling.temperature or 1.0  # greedy rollouts report T=1 logprobs
-    try:
-        return TrainingSettings(
-            lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm, lr_schedule=t.lr_schedule,
-            warmup_steps=t.warmup_steps, total_steps=t.total_steps or 0, micro_batch_size=t.micro_batch_size,
-            temperature=temperature, advantage=a.advantage, policy_loss=a.policy_loss, clip_low=a.clip_low,
-            clip_high=a.clip_high, loss_agg=a.loss_agg, entropy_coef=a.entropy_coef, kl_coef=a.kl_coef,
-            kl_estimator=a.kl_estimator, kl_penalty_coef=a.kl_penalty_coef, tis=a.tis, tis_cap=a.tis_cap,
-            recompute_old_logprobs=a.recompute_old_logprobs, mixed_precision=t.mixed_precision,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"trainer settings: {exc}") from exc
+    """The training engine's settings, derived by the run config (checked when it was loaded)."""
+    return config.training_settings
 
 
 def staleness_bound(config: RunConfig) -> int:
@@ -314,7 +298,7 @@ class Trainer:
             self.consumer.commit_offsets(self._trained_through())
             return
         started = time.monotonic()
-        metrics = self.engine.train_step(decision.kept, correct=decision.correct)  # 4.
+        metrics = self.engine.train_step(decision.kept, needs_correction=decision.needs_correction)  # 4.
         train_s = time.monotonic() - started
         self.step += 1
         self.trained += len(decision.kept)

@@ -30,11 +30,12 @@ class MetricsPublisher:
 
 
 class PrometheusEndpoint:
-    """A role's ``/metrics`` HTTP endpoint; ``port`` is None when it is off or could not bind."""
+    """A role's ``/metrics`` HTTP endpoint; ``port`` (and ``host``) are None when it is off or could not bind."""
 
-    def __init__(self, server=None):
+    def __init__(self, server=None, host: str | None = None):
         self._server = server
         self.port = server.server_port if server is not None else None
+        self.host = host if server is not None else None
 
     def close(self) -> None:
         if self._server is not None:
@@ -43,16 +44,18 @@ class PrometheusEndpoint:
             self._server = None
 
 
-def serve_prometheus(port: int | None, registry: CollectorRegistry) -> PrometheusEndpoint:
-    """Expose ``registry`` on ``port`` (0 = any free port, None = off). When the port is taken (another role on
-    this host) the role goes on without it — its metrics still flow through the metrics topic."""
+def serve_prometheus(port: int | None, registry: CollectorRegistry, host: str = "127.0.0.1") -> PrometheusEndpoint:
+    """Expose ``registry`` on ``host:port`` (port 0 = any free port, None = off). ``host`` is loopback unless
+    the run's ``metrics_host`` says otherwise (``0.0.0.0`` in containers, for a Prometheus on another host):
+    the endpoint has no authentication. When the port is taken (another role on this host) the role goes on
+    without it — its metrics still flow through the metrics topic."""
     if port is None:
         return PrometheusEndpoint()
     try:
-        server, _ = start_http_server(port, addr="0.0.0.0", registry=registry)
+        server, _ = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        logger.warning("Prometheus endpoint not started on port %s (%s); set *.metrics_port to a free port",
-                       port, exc.strerror)
+        logger.warning("Prometheus endpoint not started on %s:%s (%s); set *.metrics_port to a free port or "
+                       "metrics_host to an address of this machine", host, port, exc.strerror)
         return PrometheusEndpoint()
-    logger.info("Prometheus metrics on :%d/metrics", server.server_port)
-    return PrometheusEndpoint(server)
+    logger.info("Prometheus metrics on %s:%d/metrics", host, server.server_port)
+    return PrometheusEndpoint(server, host)

@@ -22,7 +22,7 @@ import torch
 
 from .registry import Registry
 
-ADVANTAGES: Registry = Registry("advantage estimator")
+ADVANTAGES: Registry = Registry("advantage estimator", group="streamrft.advantages")
 
 
 def sequence_scores(rewards: torch.Tensor, mask: torch.Tensor, token_rewards: torch.Tensor | None) -> torch.Tensor:

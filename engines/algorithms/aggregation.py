@@ -14,7 +14,7 @@ import torch
 
 from .registry import Registry
 
-LOSS_AGGREGATIONS: Registry = Registry("loss aggregation")
+LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", group="streamrft.loss_aggregations")
 
 
 @LOSS_AGGREGATIONS.register("token-mean")

@@ -16,7 +16,7 @@ import torch
 
 from .registry import Registry
 
-KL_ESTIMATORS: Registry = Registry("KL estimator")
+KL_ESTIMATORS: Registry = Registry("KL estimator", group="streamrft.kl_estimators")
 
 MAX_LOG_RATIO = 20.0
 

@@ -16,7 +16,7 @@ import torch
 
 from .registry import Registry
 
-POLICY_LOSSES: Registry = Registry("policy loss")
+POLICY_LOSSES: Registry = Registry("policy loss", group="streamrft.policy_losses")
 
 # exp() of a log-ratio above this overflows float32 usefulness long before it overflows the type
 MAX_LOG_RATIO = 20.0

@@ -1,17 +1,30 @@
-"""A registry is a named table of small functions: ``ADVANTAGES.get("grpo")`` instead of an ``if`` ladder."""
+"""A registry is a named table of small functions: ``ADVANTAGES.get("grpo")`` instead of an ``if`` ladder.
+
+Built-ins register themselves with ``@REGISTRY.register(name)`` when their module is imported. Plugins need no
+edit here: a package names its function in the registry's entry-point group, and the name is known (and
+accepted by the run config) as soon as the package is installed, e.g. in the plugin's ``pyproject.toml``::
+
+    [project.entry-points."streamrft.advantages"]
+    my_baseline = "my_package.algorithms:my_baseline"
+"""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
+from importlib.metadata import entry_points
 from typing import Generic, TypeVar
+
+logger = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable)
 
 
 class Registry(Generic[F]):
-    """Functions of one kind (advantages, policy losses, ...) by name."""
+    """Functions of one kind (advantages, policy losses, ...) by name; plugins from entry-point ``group``."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, group: str | None = None) -> None:
         self.kind = kind
+        self.group = group
         self._entries: dict[str, F] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
@@ -24,16 +37,32 @@ class Registry(Generic[F]):
         return add
 
     def get(self, name: str) -> F:
-        try:
-            return self._entries[name]
-        except KeyError:
-            raise KeyError(f"unknown {self.kind} {name!r}; known: {', '.join(sorted(self._entries))}") from None
+        """The function registered as ``name``, loading a plugin's on first use (an import error in a plugin
+        propagates: the caller reports it)."""
+        if name not in self._entries:
+            plugin = next(iter(self._plugins(name)), None)
+            if plugin is None:
+                raise KeyError(f"unknown {self.kind} {name!r}; {self.choices()}")
+            self._entries[name] = plugin.load()
+            logger.info("loaded %s plugin %r from %s", self.kind, name, plugin.value)
+        return self._entries[name]
 
     def names(self) -> list[str]:
-        return sorted(self._entries)
+        """Built-in and installed plugin names, without importing any plugin."""
+        return sorted(set(self._entries) | {plugin.name for plugin in self._plugins()})
+
+    def choices(self) -> str:
+        """The sentence an error about an unknown name ends with: what is known, and where plugins come from."""
+        where = f" (plugins register under the entry-point group {self.group!r})" if self.group else ""
+        return f"known: {', '.join(self.names())}{where}"
+
+    def _plugins(self, name: str | None = None):
+        if self.group is None:
+            return ()
+        return entry_points(group=self.group) if name is None else entry_points(group=self.group, name=name)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self._entries or (isinstance(name, str) and any(True for _ in self._plugins(name)))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

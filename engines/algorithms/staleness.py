@@ -27,7 +27,7 @@ E = TypeVar("E", bound=_Versioned)
 @dataclass(frozen=True)
 class StalenessDecision(Generic[E]):
     kept: list[E]
-    correct: list[bool]  # aligned with ``kept``: True = apply importance correction to this experience
+    needs_correction: list[bool]  # aligned with ``kept``: True = apply importance correction to this experience
     dropped: int
     stale: int  # stale experiences seen (dropped or marked for correction)
     max_lag: int  # largest ``current_version − model_version`` seen (0 if none older)
@@ -52,18 +52,18 @@ def apply_staleness(
         raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
     policy = StalenessPolicy(policy)
     kept: list[E] = []
-    correct: list[bool] = []
+    needs_correction: list[bool] = []
     dropped = stale = max_lag = 0
     for exp in experiences:
         max_lag = max(max_lag, current_version - exp.model_version)
         if not is_stale(exp.model_version, current_version, max_staleness):
             kept.append(exp)
-            correct.append(False)
+            needs_correction.append(False)
             continue
         stale += 1
         if policy is StalenessPolicy.DROP:
             dropped += 1
         else:
             kept.append(exp)
-            correct.append(True)
-    return StalenessDecision(kept, correct, dropped, stale, max_lag)
+            needs_correction.append(True)
+    return StalenessDecision(kept, needs_correction, dropped, stale, max_lag)

@@ -30,7 +30,7 @@ class Batch:
     rewards: torch.Tensor  # [B] float
     token_rewards: torch.Tensor | None  # [B, R] float, or None when no record carries any
     model_versions: torch.Tensor  # [B] long
-    correct: torch.Tensor  # [B] bool: apply importance correction (stale experiences)
+    needs_correction: torch.Tensor  # [B] bool: apply importance correction (stale experiences)
     group_ids: list[Hashable]
     # filled by TrainingEngine.prepare
     old_logprobs: torch.Tensor | None = None
@@ -107,18 +107,18 @@ def collate(
     experiences: Sequence[Experience],
     *,
     pad_token_id: int = 0,
-    correct: Sequence[bool] | None = None,
+    needs_correction: Sequence[bool] | None = None,
 ) -> Batch:
     """Pad ``experiences`` into a :class:`Batch` (see the module docstring for the layout).
 
-    ``correct`` marks experiences for importance correction (from
+    ``needs_correction`` marks experiences for importance correction (from
     :func:`streamrft.engines.algorithms.apply_staleness`). Raises ValueError naming the experience when its
     logprobs, action mask or token rewards do not have one entry per response token.
     """
     if not experiences:
         raise ValueError("cannot collate an empty list of experiences")
-    if correct is not None and len(correct) != len(experiences):
-        raise ValueError(f"{len(correct)} correction flags for {len(experiences)} experiences")
+    if needs_correction is not None and len(needs_correction) != len(experiences):
+        raise ValueError(f"{len(needs_correction)} correction flags for {len(experiences)} experiences")
     n = len(experiences)
     prompt_lens = [e.prompt_length for e in experiences]
     resp_lens = [e.response_length for e in experiences]
@@ -157,6 +157,8 @@ def collate(
         rewards=torch.tensor([e.reward for e in experiences], dtype=torch.float32),
         token_rewards=torch.from_numpy(token_rewards) if any_token_rewards else None,
         model_versions=torch.tensor([e.model_version for e in experiences], dtype=torch.long),
-        correct=torch.tensor(list(correct) if correct is not None else [False] * n, dtype=torch.bool),
+        needs_correction=torch.tensor(
+            list(needs_correction) if needs_correction is not None else [False] * n, dtype=torch.bool
+        ),
         group_ids=[e.group_id for e in experiences],
     )

@@ -3,10 +3,11 @@
 One training step reads as four stages, each a public method so a trainer can run them separately (several
 mini-batches or epochs over one prepared batch, or a test comparing gradients)::
 
-    batch = engine.prepare(experiences, correct=flags)   # collate; old/ref logprobs; KL penalty; advantages; IS
-    engine.backward(batch)                                # micro-batched loss.backward(), gradients accumulate
-    engine.apply_gradients()                              # clip, AdamW step, lr schedule step
-    # == engine.train_step(experiences, correct=flags)
+    batch = engine.prepare(experiences, needs_correction=flags)  # collate; old/ref logprobs; KL penalty;
+                                                                 # advantages; IS weights of flagged rows
+    engine.backward(batch)             # micro-batched loss.backward(), gradients accumulate
+    engine.apply_gradients()           # clip, AdamW step, lr schedule step
+    # == engine.train_step(experiences, needs_correction=flags)
 """
 from __future__ import annotations
 
@@ -156,8 +157,9 @@ class TrainingEngine:
 
     # ------------------------------------------------------------------ stages
 
-    def collate(self, experiences: Sequence[Experience], correct: Sequence[bool] | None = None) -> Batch:
-        return collate(experiences, pad_token_id=self.pad_token_id, correct=correct).to(self.device)
+    def collate(self, experiences: Sequence[Experience], needs_correction: Sequence[bool] | None = None) -> Batch:
+        batch = collate(experiences, pad_token_id=self.pad_token_id, needs_correction=needs_correction)
+        return batch.to(self.device)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
@@ -178,14 +180,16 @@ class TrainingEngine:
             model.train(was_training)
         return out * batch.response_mask
 
-    def prepare(self, experiences: Sequence[Experience] | Batch, correct: Sequence[bool] | None = None) -> Batch:
+    def prepare(
+        self, experiences: Sequence[Experience] | Batch, needs_correction: Sequence[bool] | None = None
+    ) -> Batch:
         """Collate (unless given a Batch) and fill what the loss needs: old and reference logprobs, KL reward
         penalty, advantages, truncated importance weights. Batch-level metrics land in ``batch.metrics``."""
         s = self.settings
-        batch = experiences if isinstance(experiences, Batch) else self.collate(experiences, correct)
+        batch = experiences if isinstance(experiences, Batch) else self.collate(experiences, needs_correction)
         batch = batch.to(self.device)
         mask = batch.response_mask
-        corrected = torch.ones_like(batch.correct) if s.tis else batch.correct
+        corrected = torch.ones_like(batch.needs_correction) if s.tis else batch.needs_correction
         recompute = s.recompute_old_logprobs or bool(corrected.any())
         batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
         if self.ref_model is not None:
@@ -319,6 +323,8 @@ class TrainingEngine:
         metrics.update(self.apply_gradients())
         return metrics
 
-    def train_step(self, experiences: Sequence[Experience], correct: Sequence[bool] | None = None) -> dict[str, float]:
+    def train_step(
+        self, experiences: Sequence[Experience], needs_correction: Sequence[bool] | None = None
+    ) -> dict[str, float]:
         """One full step on complete groups of experiences: prepare + one optimiser step."""
-        return self.optimizer_step(self.prepare(experiences, correct))
+        return self.optimizer_step(self.prepare(experiences, needs_correction))

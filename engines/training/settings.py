@@ -1,78 +1,144 @@
-"""Settings of the training engine: a frozen dataclass, checked at construction (the trainer role builds it from
-its pydantic config; nothing here imports the config layer)."""
+"""Settings of the training engine: the one declaration of every training knob.
+
+The knobs come in the two groups a run's YAML nests them in: :class:`OptimizerSettings` (``trainer.<key>``) and
+:class:`AlgorithmSettings` (``trainer.algorithm.<key>``). The run config's trainer section extends these classes
+(``streamrft/config/roles.py``), so a knob added here can be set from YAML with no other edit, and its default,
+bounds and checks are the same on both sides. :class:`TrainingSettings`, what the engine takes, is both groups
+plus ``temperature``, which a run derives from its rollout sampling. Nothing here imports the config layer.
+
+Algorithm names are checked here, once, against the registries in :mod:`streamrft.engines.algorithms`, which
+include plugins installed by entry point.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import inspect
+from typing import Annotated, Any, Literal
 
-from ..algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from ..algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, Registry
+
+# Arguments every advantage function receives from the engine; ``advantage_params`` supplies the others.
+ADVANTAGE_INPUTS = ("rewards", "mask", "group_ids", "token_rewards")
 
 
-@dataclass(frozen=True)
-class TrainingSettings:
-    # optimiser (AdamW) and schedule
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    max_grad_norm: float | None = 1.0  # None: no clipping (the norm is still reported)
+def _registered(registry: Registry) -> AfterValidator:
+    """A validator accepting only names in ``registry`` (built-in or plugin)."""
+
+    def check(name: str) -> str:
+        if name not in registry:
+            raise ValueError(f"no {registry.kind} is registered as {name!r}; {registry.choices()}")
+        return name
+
+    return AfterValidator(check)
+
+
+AdvantageName = Annotated[str, _registered(ADVANTAGES)]
+PolicyLossName = Annotated[str, _registered(POLICY_LOSSES)]
+LossAggregationName = Annotated[str, _registered(LOSS_AGGREGATIONS)]
+KlEstimatorName = Annotated[str, _registered(KL_ESTIMATORS)]
+
+
+class EngineSettings(BaseModel):
+    """Frozen, and unknown keys are errors (a misspelt knob fails instead of silently keeping its default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class OptimizerSettings(EngineSettings):
+    """AdamW, its learning-rate schedule, batching and precision (``trainer.<key>`` in a run's YAML)."""
+
+    lr: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW β1, β2, each in [0, 1)")
+    adam_eps: float = Field(default=1e-8, gt=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0,
+                                        description="clip the gradient norm; null = no clipping (still reported)")
     lr_schedule: Literal["constant", "warmup_cosine"] = "constant"
-    warmup_steps: int = 0  # linear warm-up, for both schedules
-    total_steps: int = 0  # cosine horizon (required by warmup_cosine)
-    min_lr_ratio: float = 0.0  # cosine floor, as a fraction of lr
-    # batching and precision
-    micro_batch_size: int = 4  # sequences per forward/backward; gradients accumulate over the step
-    mixed_precision: Literal["auto", "bf16", "no"] = "auto"  # auto: bf16 autocast on CUDA, fp32 on CPU
-    gradient_checkpointing: bool = False
-    temperature: float = 1.0  # logits are divided by it, as the rollout engine did when sampling
-    # algorithm (registry names, see streamrft.engines.algorithms)
-    advantage: str = "grpo"
-    advantage_params: dict[str, Any] = field(default_factory=dict)
-    policy_loss: str = "ppo_clip"
-    clip_low: float = 0.2
-    clip_high: float = 0.2  # > clip_low: DAPO clip-higher
-    loss_agg: str = "token-mean"
-    entropy_coef: float = 0.0  # entropy bonus: loss −= entropy_coef · agg(entropy)
-    kl_coef: float = 0.0  # KL as a loss term: loss += kl_coef · agg(KL(π‖π_ref))
-    kl_estimator: str = "k3"
-    kl_penalty_coef: float = 0.0  # KL as a reward penalty before advantages
-    kl_penalty_estimator: str = "k1"
-    # off-policy handling
-    recompute_old_logprobs: bool = True  # PPO ratio against the trainer's own logprobs (else the rollout's)
-    tis: bool = False  # truncated IS on every experience (rollout/trainer mismatch); stale ones always get it
-    tis_cap: float = 2.0
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up, for both schedules")
+    total_steps: int | None = Field(default=None, ge=1,
+                                    description="optimiser steps to train (the trainer stops there); the cosine "
+                                                "horizon, required by warmup_cosine")
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="cosine floor, as a fraction of lr")
+    micro_batch_size: int = Field(default=8, ge=1,
+                                  description="sequences per forward/backward; gradients accumulate over the step")
+    mixed_precision: Literal["auto", "bf16", "no"] = Field(
+        default="auto", description="bf16 autocast of the forward/backward (master weights and optimizer stay "
+                                    "fp32); auto = bf16 on CUDA, fp32 on CPU; bf16 also pays on CPUs with AMX")
+    gradient_checkpointing: bool = Field(default=False,
+                                         description="recompute activations in the backward: less memory, slower")
 
-    def __post_init__(self) -> None:
-        for registry, name, key in (
-            (ADVANTAGES, self.advantage, "advantage"),
-            (POLICY_LOSSES, self.policy_loss, "policy_loss"),
-            (LOSS_AGGREGATIONS, self.loss_agg, "loss_agg"),
-            (KL_ESTIMATORS, self.kl_estimator, "kl_estimator"),
-            (KL_ESTIMATORS, self.kl_penalty_estimator, "kl_penalty_estimator"),
-        ):
-            if name not in registry:
-                raise ValueError(f"{key}={name!r} is not one of {', '.join(registry.names())}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError(f"clip_low ({self.clip_low}) and clip_high ({self.clip_high}) must be >= 0")
-        if self.tis_cap < 1:
-            raise ValueError(f"tis_cap must be >= 1 (a cap below 1 down-weights on-policy tokens), got {self.tis_cap}")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.lr_schedule == "warmup_cosine" and self.total_steps <= self.warmup_steps:
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimizerSettings":
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"betas must both be in [0, 1) (AdamW's moment decay rates), got {list(self.betas)}")
+        return self
+
+    @model_validator(mode="after")
+    def _cosine_has_a_horizon(self) -> "OptimizerSettings":
+        if self.lr_schedule == "warmup_cosine" and (self.total_steps or 0) <= self.warmup_steps:
             raise ValueError(
                 f"lr_schedule=warmup_cosine needs total_steps ({self.total_steps}) > warmup_steps "
-                f"({self.warmup_steps}); set total_steps to the planned number of optimiser steps"
+                f"({self.warmup_steps}); set total_steps to the planned number of optimiser steps, or use "
+                "lr_schedule: constant"
             )
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        return self
+
+
+class AlgorithmSettings(EngineSettings):
+    """Advantages, policy loss, KL and importance sampling (``trainer.algorithm.<key>`` in a run's YAML)."""
+
+    advantage: AdvantageName = "grpo"
+    advantage_params: dict[str, Any] = Field(default_factory=dict,
+                                             description="keyword arguments of the advantage function")
+    policy_loss: PolicyLossName = "ppo_clip"
+    clip_low: float = Field(default=0.2, ge=0)
+    clip_high: float = Field(default=0.2, ge=0, description="> clip_low: DAPO clip-higher")
+    loss_agg: LossAggregationName = "token-mean"
+    entropy_coef: float = Field(default=0.0, description="entropy bonus: loss −= entropy_coef · agg(entropy)")
+    kl_coef: float = Field(default=0.0, ge=0, description="KL as a loss term: loss += kl_coef · agg(KL(π‖π_ref))")
+    kl_estimator: KlEstimatorName = "k3"
+    kl_penalty_coef: float = Field(default=0.0, ge=0, description="KL as a reward penalty before advantages")
+    kl_penalty_estimator: KlEstimatorName = "k1"
+    # True: one extra forward pass per step gives the PPO ratio's denominator under the trainer's own numerics;
+    # False: the rollout engine's logprobs are used (cheaper; exact up to numerics when rollouts are on-policy).
+    recompute_old_logprobs: bool = True
+    tis: bool = Field(default=False, description="truncated IS on every experience (rollout/trainer mismatch); "
+                                                 "stale ones always get it")
+    tis_cap: float = Field(default=2.0, ge=1, description="a cap below 1 would down-weight on-policy tokens")
+
+    @model_validator(mode="after")
+    def _advantage_params_are_accepted(self) -> "AlgorithmSettings":
+        """A misspelt parameter fails here, at load, instead of with a TypeError at the first training step."""
+        if not self.advantage_params:
+            return self
+        parameters = inspect.signature(ADVANTAGES.get(self.advantage)).parameters
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return self
+        accepted = [name for name in parameters if name not in ADVANTAGE_INPUTS]
+        unknown = sorted(set(self.advantage_params) - set(accepted))
+        if unknown:
+            raise ValueError(
+                f"advantage_params {unknown} are not parameters of advantage {self.advantage!r}; it takes "
+                f"{', '.join(accepted) or 'none'}"
+            )
+        return self
 
     @property
     def needs_reference(self) -> bool:
         """A reference model is loaded only when some KL term is on."""
         return self.kl_coef > 0 or self.kl_penalty_coef > 0
+
+
+class TrainingSettings(OptimizerSettings, AlgorithmSettings):
+    """Everything the training engine is configured by: both groups of knobs, and the sampling temperature."""
+
+    temperature: float = Field(default=1.0, gt=0,
+                               description="logits are divided by it, as the rollout engine did when sampling")
+
+    @classmethod
+    def of(cls, optimizer: OptimizerSettings, algorithm: AlgorithmSettings, temperature: float) -> "TrainingSettings":
+        """Combine the two groups (or the config sections that extend them) with a temperature."""
+        values = {name: getattr(optimizer, name) for name in OptimizerSettings.model_fields}
+        values |= {name: getattr(algorithm, name) for name in AlgorithmSettings.model_fields}
+        return cls(**values, temperature=temperature)

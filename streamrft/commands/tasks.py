@@ -6,8 +6,10 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
+from streamrft.errors import StreamrftError
+from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks, write_rejects
 from streamrft.producers.task_producer import produce_tasks
+
 from .common import add_config_argument, config_from, console, open_run
 
 SHOW_REJECTED = 20
@@ -20,7 +22,8 @@ def register(subparsers) -> None:
         "produce", help="produce tasks from a JSONL, JSON-array, CSV or Parquet file, or - for stdin",
         description="Each row becomes a Task whose payload holds the row's fields, with the prompt under "
                     "'question' and the reference under 'answer'. Rows that cannot become a Task are reported "
-                    "with their line number and reason; the exit code is 1 if there were any.")
+                    "with their line number and reason (all of them, with the rows, in --rejects FILE); the exit "
+                    "code is 1 if there were any.")
     produce.add_argument("source", metavar="FILE|-")
     add_config_argument(produce)
     produce.add_argument("--prompt-key", default="question", help="field holding the prompt (default: question)")
@@ -31,7 +34,17 @@ def register(subparsers) -> None:
     produce.add_argument("--taskset", default=None, help="taskset name (default: the file name without suffix)")
     produce.add_argument("--reward-fn", default=None, help="reward function (default: the workflow's own)")
     produce.add_argument("--repeat-times", type=int, default=None, help="samples per task (default: the run's)")
+    produce.add_argument("--rejects", metavar="FILE", default=None,
+                         help="write every rejected row to FILE (JSONL: line, reason, row) to fix and produce again")
     produce.set_defaults(func=run_produce)
+
+
+def _check_writable(path: str) -> None:
+    """Fail before producing anything rather than lose the rejected rows after the good ones went out."""
+    try:
+        Path(path).open("w").close()
+    except OSError as exc:
+        raise StreamrftError(f"--rejects {path}: cannot write it ({exc.strerror}); pass a writable path") from None
 
 
 def run_produce(args: argparse.Namespace) -> int:
@@ -41,6 +54,8 @@ def run_produce(args: argparse.Namespace) -> int:
                            id_key=args.id_key, workflow=args.workflow, taskset=taskset,
                            reward_fn=args.reward_fn, repeat_times=args.repeat_times)
     topic = config.topic("tasks")
+    if args.rejects is not None:
+        _check_writable(args.rejects)
     with open_run(config) as clients:
         producer = clients.producer(client_id="task-producer")
         with Progress(TextColumn("[bold]producing {task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -52,6 +67,10 @@ def run_produce(args: argparse.Namespace) -> int:
                   + (f", [red]{len(summary.rejected)} row(s) rejected[/]:" if summary.rejected else ""))
     for rejected in summary.rejected[:SHOW_REJECTED]:
         console.print(f"  line {rejected.line}: {rejected.reason}")
-    if len(summary.rejected) > SHOW_REJECTED:
-        console.print(f"  ... and {len(summary.rejected) - SHOW_REJECTED} more")
+    hidden = len(summary.rejected) - SHOW_REJECTED
+    if args.rejects is not None:  # written even when empty: an empty file says no row was rejected
+        written = write_rejects(args.rejects, summary.rejected)
+        console.print(f"{written} rejected row(s) written to {args.rejects}")
+    elif hidden > 0:
+        console.print(f"  ... and {hidden} more (--rejects FILE writes every one)")
     return 1 if summary.rejected else 0

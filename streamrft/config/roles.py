@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from streamrft.engines.training.settings import AlgorithmSettings, OptimizerSettings
+
 from .base import Section
 
 
@@ -111,21 +113,10 @@ class RolloutConfig(Section):
     metrics_port: int | None = 9102
 
 
-class AlgorithmConfig(Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_plus_plus"] = "grpo"
-    policy_loss: Literal["ppo_clip", "gspo", "sft"] = "ppo_clip"
-    clip_low: float = Field(default=0.2, ge=0)
-    clip_high: float = Field(default=0.2, ge=0)
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    entropy_coef: float = 0.0
-    kl_coef: float = Field(default=0.0, ge=0)
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    kl_penalty_coef: float = Field(default=0.0, ge=0)
-    tis: bool = False
-    tis_cap: float = Field(default=2.0, ge=1)
-    # True: one extra forward pass per step gives the PPO ratio's denominator under the trainer's own numerics;
-    # False: the rollout engine's logprobs are used (cheaper; exact up to numerics when rollouts are on-policy).
-    recompute_old_logprobs: bool = True
+class AlgorithmConfig(AlgorithmSettings, Section):
+    """``trainer.algorithm``: advantage, policy loss, KL, importance sampling. Every key is declared once, in
+    :class:`streamrft.engines.training.settings.AlgorithmSettings`; names are checked against the algorithm
+    registries there (plugins included)."""
 
 
 class WeightSyncConfig(Section):
@@ -146,27 +137,21 @@ class WeightSyncConfig(Section):
                                         description="collective: wait this long for every receiver to join")
 
 
-class TrainerConfig(Section):
+class TrainerConfig(OptimizerSettings, Section):
+    """``trainer``: the optimiser, schedule, batching and precision keys (lr, micro_batch_size, total_steps,
+    mixed_precision, ...) are declared once, in :class:`streamrft.engines.training.settings.OptimizerSettings`;
+    the keys below are the role's own. ``RunConfig.training_settings`` hands both to the engine."""
+
     train_batch_size: int | None = Field(default=None, ge=1,
                                          description="experiences per step; default batch_size × repeat_times")
-    micro_batch_size: int = Field(default=8, ge=1)
-    lr: float = Field(default=1e-6, gt=0)
-    lr_schedule: Literal["constant", "warmup_cosine"] = "constant"
-    warmup_steps: int = Field(default=0, ge=0)
-    max_grad_norm: float | None = 1.0
-    weight_decay: float = 0.0
     algorithm: AlgorithmConfig = AlgorithmConfig()
     staleness_policy: Literal["drop", "correct"] = "drop"
     group_timeout_s: float = Field(default=600.0, gt=0)
-    total_steps: int | None = Field(default=None, ge=1)
     save_interval: int = Field(default=10, ge=1)
     checkpoint_dir: str = "runs/{name}/checkpoints"
     keep_checkpoints: int = Field(default=2, ge=1)
     weights: WeightSyncConfig = WeightSyncConfig()
     device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
-    mixed_precision: Literal["auto", "bf16", "no"] = Field(
-        default="auto", description="bf16 autocast of the forward/backward (master weights and optimizer stay "
-                                    "fp32); auto = bf16 on CUDA, fp32 on CPU; bf16 also pays on CPUs with AMX")
     metrics_port: int | None = 9103
 
 

@@ -8,18 +8,23 @@ from typing import Any, Mapping
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from ..errors import ConfigError
+from streamrft.engines.training.settings import TrainingSettings
+from streamrft.errors import ConfigError
+
 from .base import Section, explain
+from .environment import read_environment
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
 from .roles import ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
 
-ENV_PREFIX = "STREAMRFT_"
 TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
 
 
 class RunConfig(Section):
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     topic_prefix_override: str | None = Field(default=None, alias="topic_prefix")
+    metrics_host: str = Field(default="127.0.0.1", min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$",
+                              description="address every role's Prometheus endpoint binds (the endpoints have no "
+                                          "authentication): loopback by default, 0.0.0.0 for a scraper elsewhere")
     kafka: KafkaConfig = KafkaConfig()
     schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
     topics: TopicsConfig = TopicsConfig()
@@ -59,6 +64,14 @@ class RunConfig(Section):
         return self.trainer.train_batch_size or self.explorer.batch_size * self.explorer.repeat_times
 
     @property
+    def training_settings(self) -> TrainingSettings:
+        """The training engine's settings: the trainer's optimiser keys and its algorithm, with the rollout's
+        sampling temperature (the loss divides logits by it, as the engine did when it computed the behaviour
+        logprobs; greedy rollouts, T = 0, report T = 1 logprobs)."""
+        temperature = self.rollout.sampling.temperature or 1.0
+        return TrainingSettings.of(self.trainer, self.trainer.algorithm, temperature=temperature)
+
+    @property
     def groups_per_train_step(self) -> int:
         return self.train_batch_size // self.explorer.repeat_times
 
@@ -92,32 +105,10 @@ class RunConfig(Section):
         return f"{self.name}.{role}"
 
 
-def _parse_scalar(text: str) -> Any:
-    """Environment values are YAML scalars, so numbers, booleans and null keep their types."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def env_overrides(env: Mapping[str, str], top_level_keys: set[str]) -> dict[str, Any]:
-    """``STREAMRFT_KAFKA__BOOTSTRAP_SERVERS=host:9092`` -> ``{"kafka": {"bootstrap_servers": "host:9092"}}``.
-
-    Only variables whose first segment names a config section are taken, so settings such as
-    ``STREAMRFT_LOG_LEVEL`` stay the CLI's own.
-    """
-    out: dict[str, Any] = {}
-    for var, value in sorted(env.items()):
-        if not var.startswith(ENV_PREFIX):
-            continue
-        path = [part.lower() for part in var[len(ENV_PREFIX):].split("__")]
-        if path[0] not in top_level_keys:
-            continue
-        node = out
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = _parse_scalar(value)
-    return out
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """The run config keys set by ``STREAMRFT_<SECTION>__<KEY>`` variables in ``env`` (see
+    :mod:`streamrft.config.environment`), nested as in the YAML file and not yet validated."""
+    return read_environment(env, RunConfig)
 
 
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -150,10 +141,9 @@ def load_config(
             raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
         if not isinstance(raw, dict):
             raise ConfigError(f"{path} must hold a mapping of settings at the top level, not {type(raw).__name__}")
-    keys = set(RunConfig.model_fields) | {"topic_prefix"}
-    raw = _merge(raw, env_overrides(os.environ if env is None else env, keys))
+    raw = _merge(raw, env_overrides(os.environ if env is None else env))
     raw = _merge(raw, overrides or {})
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as exc:
-        raise explain(exc, source) from None
+        raise explain(exc, source, RunConfig) from None

@@ -39,12 +39,19 @@ def test_tasks_produce_ten_thousand_rows_with_bad_ones(kafka_bootstrap, tmp_path
                 handle.write(json.dumps({"id": f"task-{line}", "question": f"What is {line} + 1?",
                                          "answer": line + 1}) + "\n")
     env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": kafka_bootstrap, "STREAMRFT_NAME": name}
-    done = _cli("tasks", "produce", str(path), "--id-key", "id", env_extra=env)
+    rejects = tmp_path / "rejects.jsonl"
+    done = _cli("tasks", "produce", str(path), "--id-key", "id", "--rejects", str(rejects), env_extra=env)
     assert done.returncode == 1, done.stderr[-3000:]  # some rows were rejected
     good = 10_000 - len(bad_lines)
     assert f"{good} task(s) produced" in done.stderr and f"{len(bad_lines)} row(s) rejected" in done.stderr
     for line in sorted(bad_lines)[:20]:  # the first 20 are listed, each with its line number and reason
         assert f"line {line}: {bad_lines[line]}" in done.stderr
+    # ... and every one of them, with its row, is in the rejects file
+    records = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert [r["line"] for r in records] == sorted(bad_lines)
+    assert all(r["reason"].startswith(bad_lines[r["line"]]) for r in records)
+    assert all(r["row"] == "{not json" or r["row"]["question"] for r in records)
+    assert f"{len(bad_lines)} rejected row(s) written" in done.stderr
 
     config = load_config(env=env)
     topic = config.topic("tasks")

@@ -12,9 +12,11 @@ from streamrft.engines.algorithms import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
+    Registry,
     StalenessPolicy,
     apply_staleness,
     kl_penalty,
+    rloo,
     truncated_importance_weights,
 )
 
@@ -207,7 +209,7 @@ def test_staleness_drop_and_correct():
     assert (dropped.dropped, dropped.stale, dropped.max_lag) == (1, 1, 3)
     corrected = apply_staleness(exps, current_version=5, max_staleness=2, policy=StalenessPolicy.CORRECT)
     assert [e.model_version for e in corrected.kept] == [5, 3, 2, 4]
-    assert corrected.correct == [False, False, True, False]
+    assert corrected.needs_correction == [False, False, True, False]
     assert (corrected.dropped, corrected.stale) == (0, 1)
     with pytest.raises(ValueError):
         apply_staleness(exps, 5, 1, policy="ignore")
@@ -216,6 +218,21 @@ def test_staleness_drop_and_correct():
 def test_unknown_name_lists_the_known_ones():
     with pytest.raises(KeyError, match="grpo"):
         ADVANTAGES.get("gpro")
+
+
+def test_a_plugin_is_found_by_entry_point_and_loaded_on_first_use(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from streamrft.engines.algorithms import registry
+
+    table = Registry("advantage estimator", group="streamrft.advantages")
+    plugin = EntryPoint("plugged", "streamrft.engines.algorithms.advantages:rloo", "streamrft.advantages")
+    monkeypatch.setattr(registry, "entry_points",
+                        lambda group, name=None: [ep for ep in (plugin,) if ep.group == group and name in (None, ep.name)])
+    assert "plugged" in table and table.names() == ["plugged"]
+    assert table.get("plugged") is rloo
+    with pytest.raises(KeyError, match="known: plugged .*'streamrft.advantages'"):
+        table.get("missing")
 
 
 def test_every_registry_entry_has_a_hand_computed_test():

@@ -92,7 +92,7 @@ def test_every_streamrft_variable_is_a_real_config_key(services):
         config_env = {k: v for k, v in env.items() if k.startswith("STREAMRFT_") and k not in PROCESS_VARS}
         if not config_env:
             continue
-        overrides = env_overrides(config_env, CONFIG_KEYS)
+        overrides = env_overrides(config_env)
         for var, value in config_env.items():
             path = var.removeprefix("STREAMRFT_").lower().split("__")
             assert path[0] in CONFIG_KEYS, f"{name}: {var} names no config section (would be ignored)"
@@ -162,6 +162,16 @@ def test_metrics_ports_agree_with_the_config(services):
         assert getattr(defaults, name).metrics_port == port
         assert getattr(stack, name).metrics_port == port
         assert port in _exposed(services[name]), f"{name} does not expose its metrics port {port}"
+
+
+def test_roles_serve_metrics_to_other_containers_and_only_there(services):
+    """Prometheus scrapes from its own container, so the roles bind every interface inside the stack; outside
+    it (the same run.yaml without the stack's environment) they stay on loopback."""
+    assert RunConfig().metrics_host == "127.0.0.1"
+    assert load_config(COMPOSE / "run.yaml", env={}).metrics_host == "127.0.0.1"
+    for name in ROLES:
+        env = {k: v for k, v in _env(services[name]).items() if k not in PROCESS_VARS}
+        assert load_config(COMPOSE / "run.yaml", env=env).metrics_host == "0.0.0.0", name
 
 
 def test_prometheus_scrapes_every_role_where_it_serves(services):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from streamrft.producers.task_files import FieldMapping, Rejected, count_rows, read_tasks
+from streamrft.producers.task_files import EXTRA_CELLS, FieldMapping, Rejected, count_rows, read_tasks, write_rejects
 
 
 def _split(items):
@@ -73,3 +73,42 @@ def test_unknown_suffix_is_an_error(tmp_path):
     path.write_text("x")
     with pytest.raises(ValueError, match="unknown task file type"):
         list(read_tasks(path, FieldMapping()))
+
+
+def test_every_rejected_row_is_written_with_its_line_reason_and_row(tmp_path):
+    """More bad rows than the command lists: the rejects file has every one, and its rows, fixed, become tasks."""
+    path = tmp_path / "t.jsonl"
+    lines, bad = [], {}
+    for number in range(1, 61):
+        if number % 3 == 0:
+            lines.append(json.dumps({"question": f"{number}+1"}))  # no answer
+            bad[number] = {"question": f"{number}+1"}
+        elif number % 7 == 0:
+            lines.append(f"{{oops {number}")
+            bad[number] = f"{{oops {number}"
+        else:
+            lines.append(json.dumps({"question": f"{number}+1", "answer": number + 1}))
+    path.write_text("\n".join(lines) + "\n")
+    tasks, rejected = _split(list(read_tasks(path, FieldMapping(taskset="t"))))
+    assert len(tasks) == 60 - len(bad) and len(bad) > 20
+    rejects = tmp_path / "rejects.jsonl"
+    assert write_rejects(rejects, rejected) == len(bad)
+    records = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert {r["line"]: r["row"] for r in records} == bad
+    assert all(r["reason"].startswith(("missing 'answer'", "not valid JSON")) for r in records)
+
+    fixed = tmp_path / "fixed.jsonl"  # the user's fix: add the answers, drop the unreadable lines
+    fixed.write_text("".join(json.dumps(r["row"] | {"answer": 0}) + "\n" for r in records if isinstance(r["row"], dict)))
+    again, still_bad = _split(list(read_tasks(fixed, FieldMapping(taskset="t"))))
+    assert len(again) == sum(isinstance(row, dict) for row in bad.values()) and not still_bad
+
+
+def test_rejected_csv_and_parquet_rows_keep_their_cells(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("question,answer\n,3\n2+2,4,extra\n")
+    _, rejected = _split(list(read_tasks(path, FieldMapping(taskset="c"))))
+    assert [r.row for r in rejected] == [{"question": "", "answer": "3"},
+                                         {"question": "2+2", "answer": "4", EXTRA_CELLS: ["extra"]}]
+    rejects = tmp_path / "r.jsonl"
+    write_rejects(rejects, [Rejected(1, "payload is not JSON-serialisable", {"when": object()})])
+    assert json.loads(rejects.read_text())["row"]["when"].startswith("<object object")  # written as text

@@ -95,8 +95,10 @@ def test_lr_schedule_warmup_cosine_hand_values():
 def test_settings_explain_bad_values():
     with pytest.raises(ValueError, match="total_steps"):
         TrainingSettings(lr_schedule="warmup_cosine", warmup_steps=10, total_steps=5)
-    with pytest.raises(ValueError, match="advantage='gpro' is not one of"):
+    with pytest.raises(ValueError, match="no advantage estimator is registered as 'gpro'; known: dr_grpo, grpo"):
         TrainingSettings(advantage="gpro")
+    with pytest.raises(ValueError, match="lr_shedule"):  # a misspelt knob is no silent default
+        TrainingSettings(lr_shedule="warmup_cosine")
 
 
 # ----------------------------------------------------------------------------- with a tiny model
@@ -208,7 +210,7 @@ def test_stale_experiences_get_truncated_importance_weights():
         make_exp([1, 2, 3, 4, 5], 3, 1.0, "a", logprobs=(current[0, :2] - math.log(3)).tolist(), version=0),
         make_exp([1, 2, 3, 6], 3, 0.0, "a", logprobs=(current[1, :1] + math.log(2)).tolist(), version=0),
     ]
-    batch = engine.prepare(exps, correct=[True, False])
+    batch = engine.prepare(exps, needs_correction=[True, False])
     torch.testing.assert_close(batch.loss_weights, torch.tensor([[2.0, 2.0], [1.0, 0.0]]), atol=1e-4, rtol=0)
     assert batch.metrics["actor/num_corrected"] == 1
     assert batch.metrics["actor/is_ratio_max"] == pytest.approx(3.0, rel=1e-4)
