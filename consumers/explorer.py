@@ -9,26 +9,31 @@ Each step, read as numbered steps in ``run``:
    step's metrics and mark the step finished in the state record;
 5. every ``eval_interval`` steps, roll out the eval tasksets (kind EVAL, no training experiences).
 
-Its whole state lives in topics: the state record on ``sync`` (compacted) and the committed ``tasks`` offsets.
+Its whole state lives in topics: the state record on ``sync`` (compacted), which references the pending tasks
+by partition and offset (never embeds them, so it stays small whatever the prompts), and the committed ``tasks``
+offsets. Tasks and results are checked where they are read (``streamrft.validation``); a bad one goes to its
+DLQ once and the explorer goes on. The explorer also owns the dead letters of ``sync``.
 """
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import Counter, Gauge
 
 from streamrft.config import EvalTaskset, RunConfig
-from streamrft.kafka import KafkaClients, RecordProducer, Transactor
+from streamrft.kafka import KafkaClients, RecordProducer
+from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import lag_allows, may_publish, required_version
 from streamrft.producers.task_files import FieldMapping, read_tasks
 from streamrft.rollout_stats import eval_metrics, step_metrics
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
 from streamrft.selection import Selector
-from streamrft.sync import ExplorerState, SyncView
-from streamrft.telemetry import MetricsPublisher, serve_prometheus
+from streamrft.validation import ExplorerState, check_result, check_task
+from .runtime import RoleRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -56,36 +61,43 @@ class Explorer:
         self.clients = clients
         self.stop = stop
         self.source = source
+        self.runtime = RoleRuntime(config, clients, stop, role="explorer", source=source,
+                                   transactional_id=f"{config.name}.explorer", owns_sync_dead_letters=True)
+        self.sync = self.runtime.sync
+        self.metrics = self.runtime.metrics
         self._eval_sets: dict[str, list[Task]] = {}  # eval taskset name -> its tasks (files read once)
-        self.tasks = clients.consumer([config.topic("tasks")], Task, config.group("explorer"), client_id=source,
-                                      extra={"enable.partition.eof": True})
-        self.results = clients.consumer([config.topic("results")], RolloutResult, config.group("explorer"),
-                                        client_id=f"{source}-results", subscribe=False)
-        self.producer = clients.producer(transactional_id=f"{config.name}.explorer", client_id=source)
-        self.transactor = Transactor(self.producer, self.tasks)
-        self.sync = SyncView(clients, client_id=f"{source}-sync")
-        self.metrics = MetricsPublisher(self.producer, config.topic("metrics"), source, "explorer")
+        self.tasks = self.runtime.consumer("tasks", Task, config.group("explorer"), client_id=source,
+                                           check=partial(check_task, max_bytes=config.limits.max_task_bytes),
+                                           extra={"enable.partition.eof": True})
+        self.runtime.bind(self.tasks)
+        self.results = self.runtime.consumer("results", RolloutResult, config.group("explorer"),
+                                             client_id=f"{source}-results", subscribe=False, check=check_result)
         self.selector = Selector(self.settings.selector.kind, self.settings.selector.seed)
         self.state = ExplorerState()
+        # (epoch, partition, offset) -> task, for the references in state.pending (a block that spans an epoch
+        # boundary of a small topic can hold one record twice)
+        self._tasks_by_ref: dict[tuple[int, int, int], Task] = {}
         self._rollout_partitions = len(clients.offsets(config.topic("rollouts")))
         self._next_partition = 0
-        self._prometheus()
-
-    def _prometheus(self) -> None:
-        self.registry = CollectorRegistry()
-        self.g_step = Gauge("streamrft_explorer_step", "next explorer step", registry=self.registry)
+        registry = self.runtime.registry
+        self.g_step = Gauge("streamrft_explorer_step", "next explorer step", registry=registry)
         self.g_version = Gauge("streamrft_explorer_model_version", "latest published weights version",
-                               registry=self.registry)
+                               registry=registry)
         self.g_waiting = Gauge("streamrft_explorer_waiting", "1 while held back by staleness or trainer lag",
-                               registry=self.registry)
+                               registry=registry)
         self.c_results = Counter("streamrft_explorer_results", "rollout results by status", ["status"],
-                                 registry=self.registry)
-        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
+                                 registry=registry)
+        self.runtime.serve(self.settings.metrics_port)
+
+    @property
+    def endpoint(self):
+        return self.runtime.endpoint
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> ExplorerState:
         self.sync.catch_up()
         self.state = self.sync.explorer
+        self._restore_pending()
         self._start_results_reader()
         if self.settings.selector.kind == "difficulty":
             self._replay_results_for_selector()
@@ -141,20 +153,19 @@ class Explorer:
         """The next step's (epoch, task) pairs; a block can span an epoch boundary."""
         if not self.state.pending:
             self._read_block()
-        batch = [(entry["epoch"], Task.from_dict(entry["task"]))
-                 for entry in self.state.pending[: self.settings.batch_size]]
+        refs = self.state.pending[: self.settings.batch_size]
         self.state.pending = self.state.pending[self.settings.batch_size:]
-        return batch
+        return [(ref[0], self._tasks_by_ref.pop(tuple(ref))) for ref in refs]
 
     def _read_block(self) -> None:
         """Fill the state's pending list with the next block of tasks, in the selector's order."""
         s = self.settings
         want = s.batch_size * s.selector.block_steps
-        block: list[tuple[int, Task]] = []
+        block: list[tuple[int, Delivered[Task]]] = []
         idle_since = time.monotonic()
         while len(block) < want and not self.stop.requested:
             items = self.tasks.poll(max_records=want - len(block), timeout=POLL_S)
-            block += [(self.state.epoch, item.record) for item in items]
+            block += [(self.state.epoch, item) for item in items]
             if items:
                 idle_since = time.monotonic()
                 continue
@@ -169,10 +180,49 @@ class Explorer:
             self.state.epoch += 1
             logger.info("explorer: end of tasks; epoch %d starts", self.state.epoch)
             self.tasks.rewind_to_start()
-        epoch_of = {id(task): epoch for epoch, task in block}
-        ordered = self.selector.order([task for _, task in block], self.state.epoch,
+        by_task = {id(item.record): (epoch, item) for epoch, item in block}
+        ordered = self.selector.order([item.record for _, item in block], self.state.epoch,
                                       self.state.next_step // s.selector.block_steps)
-        self.state.pending = [{"epoch": epoch_of[id(task)], "task": task.to_dict()} for task in ordered]
+        self.state.pending = []
+        for task in ordered:
+            epoch, item = by_task[id(task)]
+            self.state.pending.append([epoch, item.partition, item.offset])
+            self._tasks_by_ref[(epoch, item.partition, item.offset)] = task
+
+    def _restore_pending(self) -> None:
+        """After a restart: read the tasks the state record references back from ``tasks`` (group-less). A
+        task no longer there (retention) or no longer valid is skipped, with a warning."""
+        wanted = {(partition, offset) for _, partition, offset in self.state.pending}
+        if not wanted:
+            return
+        topic = self.config.topic("tasks")
+        found = self._read_tasks_at(topic, wanted)
+        lost = [ref for ref in self.state.pending if (ref[1], ref[2]) not in found]
+        if lost:
+            logger.warning("explorer: %d pending task(s) are no longer readable on %s (retention?) and are "
+                           "skipped: %s", len(lost), topic, ", ".join(f"[{p}]@{o}" for _, p, o in lost[:10]))
+        self.state.pending = [ref for ref in self.state.pending if ref not in lost]
+        for epoch, partition, offset in self.state.pending:
+            self._tasks_by_ref[(epoch, partition, offset)] = found[(partition, offset)]
+
+    def _read_tasks_at(self, topic: str, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], Task]:
+        reader = self.clients.consumer([topic], Task, f"{self.config.name}.explorer-restore",
+                                       client_id=f"{self.source}-restore", subscribe=False, dead_letters=False,
+                                       extra={"enable.partition.eof": True})
+        found: dict[tuple[int, int], Task] = {}
+        try:
+            starts: dict[tuple[str, int], int] = {}
+            for partition, offset in wanted:
+                starts[(topic, partition)] = min(offset, starts.get((topic, partition), offset))
+            reader.assign(starts)
+            deadline = time.monotonic() + 60
+            while len(found) < len(wanted) and not reader.at_end() and time.monotonic() < deadline:
+                for item in reader.poll(max_records=500, timeout=POLL_S):
+                    if (item.partition, item.offset) in wanted:
+                        found[(item.partition, item.offset)] = item.record
+        finally:
+            reader.close()
+        return found
 
     # 3. publish -----------------------------------------------------------------------------------------
     def _publish_step(self, step: int, batch: list[tuple[int, Task]]) -> Outstanding:
@@ -193,7 +243,7 @@ class Explorer:
             self._produce_requests(producer, requests.values())
             self._produce_state(producer)
 
-        self._commit_or_fail(produce, f"publishing step {step}")
+        self.runtime.transaction(produce, f"publishing step {step}")
         self.g_step.set(self.state.next_step)
         logger.info("explorer: step %d published: %d tasks (epoch %d, weights >= v%d)", step, len(requests),
                     self.state.epoch, min_version)
@@ -238,7 +288,7 @@ class Explorer:
             self.metrics.publish(outstanding.step, metrics)
             self._produce_state(producer)
 
-        self._commit_or_fail(produce, f"finishing step {outstanding.step}")
+        self.runtime.transaction(produce, f"finishing step {outstanding.step}")
         logger.info("explorer: step %d done in %.1fs: reward %.3f, accuracy %.3f, %d ok / %d, weights v%d",
                     outstanding.step, metrics["time/step_s"], metrics.get("rollout/reward_mean", float("nan")),
                     metrics.get("rollout/accuracy", float("nan")), int(metrics["rollout/ok"]),
@@ -306,12 +356,12 @@ class Explorer:
                                          kind=RolloutKind.EVAL, task=task, repeat_times=taskset.repeat_times,
                                          min_model_version=self.sync.version)
                 requests[request.request_id] = request
-            self._commit_or_fail(lambda p, r=requests: self._produce_requests(p, r.values()),
-                                 f"publishing eval {taskset.name}")
+            self.runtime.transaction(lambda p, r=requests: self._produce_requests(p, r.values()),
+                                     f"publishing eval {taskset.name}")
             outstanding = Outstanding(step, requests)
             self._collect(outstanding, minimum=len(requests), grace_s=0)
             metrics = eval_metrics(taskset.name, list(outstanding.results.values()), taskset.repeat_times)
-            self._commit_or_fail(lambda p, m=metrics: self.metrics.publish(step, m), "publishing eval metrics")
+            self.runtime.transaction(lambda p, m=metrics: self.metrics.publish(step, m), "publishing eval metrics")
             logger.info("explorer: eval %s after step %d: %s", taskset.name, step,
                         ", ".join(f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items()))
 
@@ -328,15 +378,9 @@ class Explorer:
             kind=SyncKind.EXPLORER_STATE, version=self.state.next_step, source=self.source,
             state=self.state.to_json()))
 
-    def _commit_or_fail(self, produce, what: str) -> None:
-        if not self.transactor.run(produce):
-            # An abortable error rewound the tasks consumer; our in-memory state is ahead of the topics.
-            raise RuntimeError(f"explorer: transaction aborted while {what}; restart the explorer to resume "
-                               "from the state in the topics")
-
     def _mark_done(self) -> None:
         self.state.done = True
-        self._commit_or_fail(self._produce_state, "marking the run done")
+        self.runtime.transaction(self._produce_state, "marking the run done")
         logger.info("explorer: done after %d steps", self.state.next_step)
 
     def _eval_tasks(self, taskset: EvalTaskset) -> list[Task]:
@@ -346,11 +390,7 @@ class Explorer:
         return self._eval_sets[taskset.name]
 
     def close(self) -> None:
-        for closer in (self.tasks.close, self.results.close, self.sync.close, self.endpoint.close):
-            try:
-                closer()
-            except Exception:  # closing is best-effort; the broker times out members anyway
-                logger.debug("close failed", exc_info=True)
+        self.runtime.close()
 
 
 def load_eval_tasks(taskset: EvalTaskset) -> list[Task]:

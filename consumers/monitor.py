@@ -33,7 +33,8 @@ from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Metric
-from streamrft.telemetry import serve_prometheus
+from streamrft.validation import check_metric
+from .runtime import RoleRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -269,16 +270,20 @@ class Monitor:
         self.source = source
         self.output_dir = config.output_dir
         self.table = MetricTable(self.output_dir)
-        self.registry = CollectorRegistry()
+        self.runtime = RoleRuntime(config, clients, stop, role="monitor", source=source, follows_sync=False)
+        self.registry = self.runtime.registry
         self.prometheus = PrometheusExport(self.registry)
         for row in self.table.rows.values():  # a restarted monitor shows the last values at once
             self.prometheus.update(row)
         self.tensorboard = (TensorBoardExport.open(self.output_dir / TENSORBOARD_DIR)
                             if self.settings.tensorboard else None)
-        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
+        if self.tensorboard is not None:
+            self.runtime.on_close("tensorboard", self.tensorboard.close)
+        self.runtime.serve(self.settings.metrics_port)
+        self.endpoint = self.runtime.endpoint
         self.metrics_port = self.endpoint.port
-        self.consumer = clients.consumer([config.topic("metrics")], Metric, config.group("monitor"),
-                                         client_id=source)
+        self.consumer = self.runtime.consumer("metrics", Metric, config.group("monitor"), client_id=source,
+                                              check=check_metric)
         self.exported = 0
         logger.info("monitor: %s -> %s%s", config.topic("metrics"), self.output_dir,
                     f", Prometheus :{self.metrics_port}" if self.metrics_port is not None else "")
@@ -289,9 +294,9 @@ class Monitor:
         its partitions. Returns the number of values exported (duplicates excluded)."""
         idle_since = time.monotonic()
         while not self.stop.requested:
-            dead_before = self.consumer.dead_lettered
+            rejected_before = self.consumer.rejected
             batch = self.consumer.poll(MAX_RECORDS, POLL_S)  # 1.
-            if not batch and self.consumer.dead_lettered == dead_before:
+            if not batch and self.consumer.rejected == rejected_before:
                 if not self.consumer.assignment():
                     idle_since = time.monotonic()  # still joining the group: not idle yet
                 elif max_idle_s is not None and time.monotonic() - idle_since >= max_idle_s:
@@ -324,11 +329,5 @@ class Monitor:
             self.tensorboard.flush()
 
     def close(self) -> None:
-        for closer in (self.consumer.close, self.endpoint.close, self.tensorboard.close if self.tensorboard else None):
-            if closer is None:
-                continue
-            try:
-                closer()
-            except Exception:  # noqa: BLE001 - closing must not hide the error that ended the run
-                logger.debug("close failed", exc_info=True)
+        self.runtime.close()
         logger.info("monitor: stopped after %d value(s); files in %s", self.exported, self.output_dir)

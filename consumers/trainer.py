@@ -43,21 +43,24 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from functools import partial
+
+from prometheus_client import Counter, Gauge
 
 from streamrft.config import RunConfig
 from streamrft.engines.algorithms import apply_staleness
 from streamrft.engines.training import TrainingEngine, TrainingSettings
 from streamrft.errors import ConfigError
-from streamrft.kafka import KafkaClients, RecordProducer, Transactor
+from streamrft.kafka import KafkaClients, RecordProducer
 from streamrft.kafka.consumer import Delivered, Offsets
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, SyncSignal
-from streamrft.sync import SyncView
-from streamrft.telemetry import MetricsPublisher, serve_prometheus
+from streamrft.schemas import InvalidRecordError
+from streamrft.validation import check_experience
 from .checkpoints import Checkpoints
 from .group_buffer import Group, GroupBuffer
 from .model_paths import resolve_model_path
+from .runtime import RoleRuntime
 from .weight_sync import CollectivePublisher, ObjectStorePublisher
 
 logger = logging.getLogger(__name__)
@@ -164,17 +167,20 @@ class Trainer:
             engine = TrainingEngine.from_pretrained(resolve_model_path(config.model.path),
                                                     training_settings(config), device=device)
         self.engine = engine
-        self.consumer = clients.consumer([self.topic], Experience, self.group_id, client_id=self.source,
-                                         subscribe=False)
-        self.producer = clients.producer(transactional_id=f"{config.name}.{self.source}", client_id=self.source)
-        self.transactor = Transactor(self.producer)  # also fences an older instance of this trainer
-        self.sync = SyncView(clients, client_id=f"{self.source}-sync")
-        self.metrics = MetricsPublisher(self.producer, config.topic("metrics"), self.source, "trainer")
+        self.runtime = RoleRuntime(config, clients, stop, role="trainer", source=self.source,
+                                   transactional_id=f"{config.name}.{self.source}")  # fences an older instance
+        self.sync = self.runtime.sync
+        self.metrics = self.runtime.metrics
+        self.check = partial(check_experience, vocab_size=engine.model.get_input_embeddings().num_embeddings,
+                             max_tokens=getattr(engine.model.config, "max_position_embeddings", None))
+        self.consumer = self.runtime.consumer("experiences", Experience, self.group_id, client_id=self.source,
+                                              subscribe=False, check=self.check)
         self.publisher = None
         if self.primary:
             method = self.settings.weights.method
             self.publisher = (CollectivePublisher(config, self.engine.device, self.source) if method == "collective"
                               else ObjectStorePublisher(config, self.source))
+            self.runtime.on_close("weights publisher", self.publisher.close)
         self.buffer = GroupBuffer(config.explorer.repeat_times)
         self.buffer_cap = config.train_batch_size * (config.explorer.max_buffered_batches + 1)
         self.step = 0
@@ -186,7 +192,7 @@ class Trainer:
         self._prometheus()
 
     def _prometheus(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = self.runtime.registry
         self.g_step = Gauge("streamrft_trainer_step", "trainer steps done (= version of the weights)",
                             registry=self.registry)
         self.g_published = Gauge("streamrft_trainer_published_version", "last published weights version",
@@ -199,7 +205,11 @@ class Trainer:
                                  registry=self.registry)
         self.c_dropped = Counter("streamrft_trainer_experiences_dropped", "experiences dropped, by reason",
                                  ["reason"], registry=self.registry)
-        self.endpoint = serve_prometheus(self.settings.metrics_port, self.registry)
+        self.runtime.serve(self.settings.metrics_port)
+
+    @property
+    def endpoint(self):
+        return self.runtime.endpoint
 
     # -- the loop -----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -347,11 +357,7 @@ class Trainer:
         self.consumer.commit_offsets(self._trained_through())
 
     def _transaction(self, produce, what: str) -> None:
-        for attempt in range(3):
-            if self.transactor.run(produce):
-                return
-            logger.warning("%s: transaction for %s aborted; retrying (%d)", self.source, what, attempt + 1)
-        raise RuntimeError(f"{self.source}: could not commit the transaction for {what}")
+        self.runtime.transaction(produce, what)
 
     def _trained_through(self) -> Offsets:
         """Per partition: the oldest buffered offset, else everything read."""
@@ -412,6 +418,12 @@ class Trainer:
         now = time.monotonic()
         for entry in checkpoint.buffered:
             record = self.codec.decode(entry["value"], Experience)
+            try:
+                self.check(record)  # a checkpoint written before a check existed may hold a bad one
+            except InvalidRecordError as exc:
+                logger.warning("%s: buffered experience %s from the checkpoint skipped: %s", self.source,
+                               record.eid, exc)
+                continue
             self.buffer.add(Delivered(record, entry["topic"], int(entry["partition"]), int(entry["offset"]),
                                       record.group_id, int(entry.get("timestamp_ms", 0))), now)
         removed = self.checkpoints.truncate_audit(checkpoint.step)
@@ -460,11 +472,4 @@ class Trainer:
                     self.trained, len(self.buffer))
 
     def close(self) -> None:
-        closers = [self.consumer.close, self.sync.close, self.endpoint.close]
-        if self.publisher is not None:
-            closers.insert(0, self.publisher.close)
-        for closer in closers:
-            try:
-                closer()
-            except Exception:
-                logger.debug("close failed", exc_info=True)
+        self.runtime.close()

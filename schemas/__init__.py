@@ -1,6 +1,7 @@
 """The Avro contract of streamrft: schemas, typed records and the single-object codec."""
 from .codec import (
     DecodeError,
+    InvalidRecordError,
     SingleObjectCodec,
     TruncatedRecordError,
     UnknownFingerprintError,

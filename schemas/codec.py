@@ -61,6 +61,16 @@ class WrongRecordTypeError(DecodeError):
     reason = "wrong-record-type"
 
 
+class InvalidRecordError(DecodeError):
+    """A payload that decodes but breaks what its record type promises (lengths that do not line up, a
+    non-finite reward, a key that is not UTF-8, a record larger than the run allows). ``reason`` is set per
+    instance, e.g. ``experience-lengths``."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        super().__init__(detail)
+
+
 def framing_of(data: bytes) -> str:
     """'single-object' or 'confluent'; raises UnknownMagicError for anything else."""
     if data[:2] == SINGLE_OBJECT_MAGIC:

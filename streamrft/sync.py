@@ -1,59 +1,78 @@
 """Reading the ``sync`` topic: the latest published weights, the explorer's state, cancelled steps.
 
 Every role keeps one ``SyncView``; it reads the whole (compacted) topic from the beginning at start and then
-follows it, so its picture is rebuilt from the topic alone — no local state, no RPC.
+follows it, so its picture is rebuilt from the topic alone — no local state, no RPC. Every signal is checked
+where it is read (``streamrft.validation.check_sync``); a bad one is skipped by every role and dead-lettered by
+one of them, the explorer (``dead_letters=True``), so the DLQ holds it once.
 """
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass, field
+import time
+from functools import partial
 
-from .kafka import KafkaClients
+from streamrft.kafka import KafkaClients
 from streamrft.schemas import SyncKind, SyncSignal
+from streamrft.validation import ExplorerState, check_sync
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["ExplorerState", "SyncView", "supersedes"]
 
-@dataclass
-class ExplorerState:
-    """What the explorer records about itself (JSON in ``SyncSignal.state``, kind EXPLORER_STATE)."""
 
-    next_step: int = 0
-    epoch: int = 0
-    # tasks read from `tasks` but not yet rolled out, in order: {"epoch": e, "task": Task dict}
-    pending: list[dict] = field(default_factory=list)
-    awaiting: dict | None = None  # {"step", "requests": [ids], "results_offsets": {partition: offset}}
-    finished_step: int = -1  # last step whose results are all in (or cancelled / timed out)
-    done: bool = False
-
-    def to_json(self) -> str:
-        return json.dumps(self.__dict__, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> "ExplorerState":
-        return cls(**json.loads(text)) if text else cls()
+def supersedes(current: SyncSignal | None, incoming: SyncSignal) -> bool:
+    """Whether ``incoming`` weights replace ``current``: within one trainer lineage only a higher version does;
+    a signal of another lineage (a trainer that resumed from a checkpoint and lost the versions after it)
+    replaces it whatever its version. Signals of one kind share a key, so they arrive in topic order."""
+    if current is None:
+        return True
+    if incoming.lineage != current.lineage:
+        return True
+    return incoming.version > current.version
 
 
 class SyncView:
     """Follows the run's ``sync`` topic (group-less, nothing committed)."""
 
-    def __init__(self, clients: KafkaClients, client_id: str):
-        self.topic = clients.config.topic("sync")
+    def __init__(self, clients: KafkaClients, client_id: str, *, dead_letters: bool = False):
+        config = clients.config
+        self.topic = config.topic("sync")
         # partition EOF events tell when the history is read (end offsets would count transaction markers)
-        self._consumer = clients.consumer([self.topic], SyncSignal, group=f"{clients.config.name}.sync-view",
-                                          client_id=client_id, subscribe=False,
+        self._consumer = clients.consumer([self.topic], SyncSignal, group=f"{config.name}.sync-view",
+                                          client_id=client_id, subscribe=False, dead_letters=dead_letters,
+                                          check=partial(check_sync, weights_method=config.trainer.weights.method),
                                           extra={"enable.partition.eof": True})
         self._consumer.assign(clients.offsets(self.topic, "start"))
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()
-        self.cancelled_step = -1
+        self._cancels: set[int] = set()  # CANCEL_STEP versions not yet known to be valid or superseded
+        self._cancelled = -1
         self.collective_ready: SyncSignal | None = None  # the trainer's newest weight-sync group (NCCL_READY)
         self.caught_up = False
 
     @property
     def version(self) -> int:
         return self.weights.version if self.weights is not None else 0
+
+    @property
+    def lineage(self) -> str:
+        return self.weights.lineage if self.weights is not None else ""
+
+    @property
+    def cancelled_step(self) -> int:
+        """The newest step the explorer cancelled. A CANCEL_STEP counts only once the explorer's state shows
+        the step was published (version < next_step): a forged one for step 10^9 must not cancel everything
+        (it is held, not dropped, because a cancel and the state that covers it can arrive in either order
+        in a compacted topic)."""
+        valid = [v for v in self._cancels if v < self.explorer.next_step]
+        if valid:
+            self._cancelled = max(self._cancelled, *valid)
+            self._cancels -= set(valid)
+        return self._cancelled
+
+    @property
+    def rejected(self) -> int:
+        return self._consumer.rejected
 
     def poll(self, timeout: float = 0.0) -> list[SyncSignal]:
         """Apply new signals; returns them. ``caught_up`` turns true once the history at start is read."""
@@ -67,8 +86,6 @@ class SyncView:
 
     def catch_up(self, timeout: float = 30.0) -> None:
         """Read the history that existed at start (so state is complete before the role acts on it)."""
-        import time
-
         deadline = time.monotonic() + timeout
         while not self.caught_up:
             self.poll(0.2)
@@ -77,14 +94,18 @@ class SyncView:
 
     def _apply(self, signal: SyncSignal) -> None:
         if signal.kind == SyncKind.WEIGHTS_PUBLISHED:
-            if self.weights is None or signal.version >= self.weights.version:
+            if supersedes(self.weights, signal):
+                if self.weights is not None and signal.lineage != self.weights.lineage:
+                    logger.info("weights: trainer lineage %s replaces %s (v%d after v%d)", signal.lineage or "-",
+                                self.weights.lineage or "-", signal.version, self.weights.version)
                 self.weights = signal
         elif signal.kind == SyncKind.EXPLORER_STATE:
-            self.explorer = ExplorerState.from_json(signal.state)
+            self.explorer = ExplorerState.from_json(signal.state)  # checked when read: it parses
         elif signal.kind == SyncKind.NCCL_READY:
             self.collective_ready = signal
         elif signal.kind == SyncKind.CANCEL_STEP:
-            self.cancelled_step = max(self.cancelled_step, signal.version)
+            if signal.version > self._cancelled:
+                self._cancels.add(signal.version)
 
     def close(self) -> None:
         self._consumer.close()

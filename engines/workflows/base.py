@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from streamrft.schemas import Experience, RolloutKind, Task, pack_f32, pack_i32, pack_u8
 
 from ..inference.base import Completion, InferenceEngine, Message, SamplingParams
+from .limits import WorkLimits
 from .registry import get_reward, get_workflow_class
 from .rewards import Reward
 
@@ -107,6 +108,7 @@ class Workflow(ABC):
     :meth:`run`; ``self.reward_fn`` is the task's ``reward_fn`` when it names one, else the default."""
 
     default_reward: ClassVar[str | None] = None
+    limits: WorkLimits = WorkLimits()  # set per task by build_workflow; multi-turn workflows check turns
 
     def __init__(self, reward_fn: RewardFn | None = None) -> None:
         if reward_fn is None and self.default_reward is not None:
@@ -175,11 +177,13 @@ def parse_payload(task: Task) -> dict[str, Any]:
     return payload
 
 
-def build_workflow(task: Task) -> Workflow:
+def build_workflow(task: Task, limits: WorkLimits | None = None) -> Workflow:
     """The workflow named by ``task.workflow`` with the reward named by ``task.reward_fn`` (if any)."""
     cls = get_workflow_class(task.workflow)
     reward_fn = get_reward(task.reward_fn) if task.reward_fn else None
-    return cls(reward_fn=reward_fn)
+    workflow = cls(reward_fn=reward_fn)
+    workflow.limits = limits or WorkLimits()
+    return workflow
 
 
 def run_workflow(
@@ -187,16 +191,19 @@ def run_workflow(
     engine: InferenceEngine,
     repeat_times: int | None = None,
     sampling: SamplingParams | None = None,
+    limits: WorkLimits | None = None,
 ) -> list[WorkflowSample]:
-    """Run ``task``'s workflow: ``repeat_times`` (else ``task.repeat_times``, else 1) validated samples.
+    """Run ``task``'s workflow: ``repeat_times`` (else ``task.repeat_times``, else 1) validated samples, within
+    ``limits``.
 
     Raises :class:`WorkflowError` for anything that goes wrong inside (its ``__cause__`` is the original).
     """
     repeat = repeat_times or task.repeat_times or 1
     sampling = sampling or SamplingParams()
     try:
+        (limits or WorkLimits()).check_repeat_times(repeat)
         payload = parse_payload(task)
-        workflow = build_workflow(task)
+        workflow = build_workflow(task, limits)
         samples = workflow.run(task, payload, engine, repeat, sampling)
         if len(samples) != repeat:
             raise ValueError(f"workflow returned {len(samples)} samples, {repeat} were asked for")

@@ -5,9 +5,14 @@ workflow still running is waiting on one, then the last to arrive makes a single
 their prompts (per-prompt sampling params, so each keeps its own seeds) and hands each its share. Multi-turn
 workflows batch turn by turn. Because engines seed samples per row, the samples are the same as running the
 tasks one after another -- only faster (about 4x for SmolLM2-135M on CPU with 8 tasks x 4 samples).
+
+Co-batched tasks are isolated: a prompt over ``limits.max_prompt_tokens`` fails only its own caller, and when
+the engine raises on a combined call, each caller's prompts are run again alone, so a prompt that breaks the
+engine fails only the task that sent it.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +22,7 @@ from streamrft.schemas import Task
 
 from ..inference.base import Completion, InferenceEngine, Prompt, SamplingParams, per_prompt_params
 from .base import WorkflowError, WorkflowSample, run_workflow
+from .limits import WorkLimits
 
 
 @dataclass
@@ -33,8 +39,9 @@ class CoalescingEngine(InferenceEngine):
     """Wraps an engine for ``parties`` concurrent callers; see the module docstring. Call :meth:`leave` when a
     caller finishes so the others stop waiting for it."""
 
-    def __init__(self, engine: InferenceEngine, parties: int) -> None:
+    def __init__(self, engine: InferenceEngine, parties: int, limits: WorkLimits | None = None) -> None:
         self.engine = engine
+        self.limits = limits or WorkLimits()
         self.tokenizer = engine.tokenizer
         self.kind = engine.kind
         self._live = parties
@@ -47,6 +54,8 @@ class CoalescingEngine(InferenceEngine):
         return self.engine.version
 
     def generate(self, prompts, params, n: int = 1) -> list[list[Completion]]:
+        for prompt in prompts:  # the caller's own prompts only: an over-long one fails its task alone
+            self.limits.check_prompt(len(self.engine.prompt_ids(prompt)))
         request = _Request(list(prompts), per_prompt_params(params, len(prompts)), n)
         with self._cond:
             self._pending.append(request)
@@ -78,20 +87,29 @@ class CoalescingEngine(InferenceEngine):
         for n in sorted({r.n for r in batch}):
             group = [r for r in batch if r.n == n]
             try:
-                prompts = [p for r in group for p in r.prompts]
-                params = [p for r in group for p in r.params]
-                self.engine_calls += 1
-                outputs = self.engine.generate(prompts, params, n)
-                start = 0
-                for r in group:
-                    r.result, start = outputs[start : start + len(r.prompts)], start + len(r.prompts)
-            except BaseException as exc:  # every caller in the batch sees the engine's failure
-                for r in group:
-                    r.error = exc
+                self._generate_for(group, n)
+            except BaseException:
+                if len(group) == 1:
+                    group[0].error = sys.exc_info()[1]
+                else:  # find the caller whose prompts break the engine: each alone
+                    for r in group:
+                        try:
+                            self._generate_for([r], n)
+                        except BaseException as exc:
+                            r.error = exc
         with self._cond:
             for r in batch:
                 r.done = True
             self._cond.notify_all()
+
+    def _generate_for(self, group: list[_Request], n: int) -> None:
+        prompts = [p for r in group for p in r.prompts]
+        params = [p for r in group for p in r.params]
+        self.engine_calls += 1
+        outputs = self.engine.generate(prompts, params, n)
+        start = 0
+        for r in group:
+            r.result, start = outputs[start : start + len(r.prompts)], start + len(r.prompts)
 
     def load_weights(self, weights, version: int) -> None:
         raise RuntimeError("load weights on the wrapped engine, between batches")
@@ -105,6 +123,7 @@ def run_workflows(
     engine: InferenceEngine,
     repeat_times: int | Sequence[int | None] | None = None,
     sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    limits: WorkLimits | None = None,
 ) -> list[list[WorkflowSample] | WorkflowError]:
     """:func:`run_workflow` for each task, concurrently, with the engine calls batched. Returns, per task, its
     samples or the :class:`WorkflowError` it failed with (one failing task does not fail the others)."""
@@ -114,11 +133,12 @@ def run_workflows(
     samplings = per_prompt_params(sampling or SamplingParams(), len(tasks))
     if len(repeats) != len(tasks):
         raise ValueError(f"{len(repeats)} repeat_times for {len(tasks)} tasks")
-    shared = CoalescingEngine(engine, parties=len(tasks))
+    limits = limits or WorkLimits()
+    shared = CoalescingEngine(engine, parties=len(tasks), limits=limits)
 
     def one(i: int) -> list[WorkflowSample] | WorkflowError:
         try:
-            return run_workflow(tasks[i], shared, repeats[i], samplings[i])
+            return run_workflow(tasks[i], shared, repeats[i], samplings[i], limits)
         except WorkflowError as exc:
             return exc
         finally:

@@ -87,6 +87,7 @@ class GuessNumberWorkflow(Workflow):
         target = int(payload["target"])
         low, high = int(payload.get("low", 1)), int(payload.get("high", 100))
         max_turns = int(payload.get("max_turns", 6))
+        self.limits.check_turns(max_turns)
         opening = self.opening(low, high)
         prompt_ids = engine.prompt_ids(opening)
         episodes = [_Episode(prompt_ids=list(prompt_ids)) for _ in range(repeat_times)]

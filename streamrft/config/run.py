@@ -14,6 +14,7 @@ from streamrft.errors import ConfigError
 from .base import Section, explain
 from .environment import read_environment
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
+from .limits import LimitsConfig
 from .roles import ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
 
 TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
@@ -35,6 +36,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = TrainerConfig()
     monitor: MonitorConfig = MonitorConfig()
     launch: LaunchConfig = LaunchConfig()
+    limits: LimitsConfig = LimitsConfig()
 
     model_config = Section.model_config | {"populate_by_name": True}
 

@@ -14,16 +14,17 @@ from confluent_kafka.admin import AdminClient
 from streamrft.schemas import Record
 from ..config import RunConfig
 from .admin import committed_offsets, describe_run, ensure_topics, group_lag, run_topics, watermarks
-from .consumer import Delivered, RecordConsumer
-from .dlq import DeadLetter, dead_letter, dlq_topic_of
+from .consumer import Check, Delivered, RecordConsumer
+from .reader import read_to_end
+from .dlq import DeadLetter, DeadLetterLedger, dead_letter, dlq_topic_of
 from .producer import DeliveryError, RecordProducer
 from .props import admin_props, consumer_props, producer_props
 from .serde import Serde
-from .transaction import FatalTransactionError, TransactionAborted, Transactor
+from .transaction import FatalTransactionError, TransactionFailed, Transactor
 
 __all__ = [
     "KafkaClients", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter", "dead_letter",
-    "dlq_topic_of", "Serde", "Transactor", "TransactionAborted", "FatalTransactionError",
+    "dlq_topic_of", "Serde", "Transactor", "TransactionFailed", "FatalTransactionError", "DeadLetterLedger",
 ]
 
 
@@ -44,13 +45,22 @@ class KafkaClients:
 
     def consumer(self, topics: list[str], record_type: type[Record], group: str, *, client_id: str = "streamrft",
                  read_committed: bool = True, subscribe: bool = True, auto_offset_reset: str = "earliest",
-                 dead_letters: bool = True, extra: dict | None = None) -> RecordConsumer:
-        """A consumer of ``record_type`` in consumer group ``group``; undecodable records go to ``<topic>.dlq``
-        through a producer of its own."""
+                 dead_letters: bool = True, check: Check | None = None, max_record_bytes: int | None = None,
+                 on_dead_letter=None, extra: dict | None = None) -> RecordConsumer:
+        """A consumer of ``record_type`` in consumer group ``group``. Every record is checked where it is read
+        (see ``RecordConsumer``); bad ones go to ``<topic>.dlq`` through a producer of its own, once per group:
+        the letters this group already sent are read back from the DLQ topics first. ``dead_letters=False``:
+        bad records are skipped, another reader owns their letters."""
         props = consumer_props(self.config.kafka, self.bootstrap, group, client_id, read_committed,
                                auto_offset_reset) | (extra or {})
-        dlq = self.producer(client_id=f"{client_id}-dlq") if dead_letters else None
-        return RecordConsumer(props, self.serde, topics, record_type, dlq, subscribe)
+        dlq = ledger = None
+        if dead_letters:
+            dlq = self.producer(client_id=f"{client_id}-dlq")
+            ledger = DeadLetterLedger.from_letters(group, (raw for topic in topics for raw in
+                                                           read_to_end(self.config.kafka, self.bootstrap,
+                                                                       dlq_topic_of(topic))))
+        return RecordConsumer(props, self.serde, topics, record_type, dlq, subscribe, check=check, ledger=ledger,
+                              max_record_bytes=max_record_bytes, on_dead_letter=on_dead_letter)
 
     def admin(self) -> AdminClient:
         if self._admin is None:

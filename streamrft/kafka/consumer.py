@@ -1,15 +1,21 @@
-"""Consumer of records: manual commits, read_committed, pause/resume, and a dead-letter route for payloads
-that cannot be decoded (the consumer keeps going; the bad record's offset is committed with the rest)."""
+"""Consumer of records: manual commits, read_committed, pause/resume, and the edge where every record is
+checked once.
+
+A record is handed to the role only when its key is UTF-8 (or absent), its value is no larger than the run
+allows, it decodes as the expected record type and it passes that type's check (``check``, see
+``streamrft.validation``). Anything else goes to ``<topic>.dlq`` with the reason, stage and source coordinates
+— once per consumer group (:class:`DeadLetterLedger`), however often the record is read again — and its offset
+moves on with the rest: nothing a producer writes can stop a role."""
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from streamrft.schemas import DecodeError, Record
-from .dlq import dead_letter
+from streamrft.schemas import DecodeError, InvalidRecordError, Record
+from .dlq import DeadLetterLedger, dead_letter
 from .producer import RecordProducer
 from .serde import Serde
 
@@ -17,6 +23,8 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
 # (topic, partition) -> offset
 Offsets = dict[tuple[str, int], int]
+# raises InvalidRecordError when a decoded record breaks its type's invariants
+Check = Callable[[R], None]
 
 
 @dataclass(slots=True)
@@ -40,16 +48,25 @@ class RecordConsumer(Generic[R]):
     """Reads ``record_type`` records from ``topics``; tracks what it returned so commits cover exactly that."""
 
     def __init__(self, props: dict, serde: Serde, topics: list[str], record_type: type[R],
-                 dlq: RecordProducer | None = None, subscribe: bool = True):
+                 dlq: RecordProducer | None = None, subscribe: bool = True, *, check: Check | None = None,
+                 ledger: DeadLetterLedger | None = None, max_record_bytes: int | None = None,
+                 on_dead_letter: Callable[[str, str], None] | None = None):
+        """``dlq`` None: bad records are skipped and logged but not dead-lettered (another reader of the same
+        records owns their dead letters, e.g. the explorer for ``sync``)."""
         self.serde = serde
         self.topics = topics
         self.record_type = record_type
         self.group_id = props.get("group.id", "")
         self._dlq = dlq
+        self._check = check
+        self._ledger = ledger if ledger is not None else DeadLetterLedger(self.group_id)
+        self._max_record_bytes = max_record_bytes
+        self._on_dead_letter = on_dead_letter
         self._consumer = Consumer(props)
         # (topic, partition) -> next offset to commit, for everything handed out (decoded or dead-lettered)
         self._pending: dict[tuple[str, int], int] = {}
-        self.dead_lettered = 0
+        self.dead_lettered = 0  # sent to the DLQ by this consumer
+        self.rejected = 0  # bad records skipped, whether sent now, already sent before, or owned by another reader
         # partitions whose end was reached (needs enable.partition.eof); cleared when a record arrives
         self.at_eof: set[tuple[str, int]] = set()
         if subscribe:
@@ -68,10 +85,10 @@ class RecordConsumer(Generic[R]):
 
     # -- reading --------------------------------------------------------------------------------------------
     def poll(self, max_records: int = 500, timeout: float = 1.0) -> list[Delivered[R]]:
-        """Up to ``max_records`` decoded records; undecodable ones go to ``<topic>.dlq`` with the reason."""
+        """Up to ``max_records`` checked records; bad ones go to ``<topic>.dlq`` (see the module docstring)."""
         messages = self._consumer.consume(max_records, timeout)
         out: list[Delivered[R]] = []
-        dead = 0
+        sent = False
         for msg in messages:
             error = msg.error()
             if error is not None:
@@ -82,32 +99,55 @@ class RecordConsumer(Generic[R]):
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             self.at_eof.discard((topic, partition))
             try:
-                record = self.serde.decode(msg.value(), topic, self.record_type)
+                out.append(self._read(msg))
+            except InvalidRecordError as exc:
+                sent |= self._reject(msg, exc, "validate")
             except DecodeError as exc:
-                self._dead_letter(msg, exc)
-                dead += 1
-            else:
-                key = msg.key()
-                out.append(Delivered(record, topic, partition, offset, key.decode() if key else None,
-                                     msg.timestamp()[1], msg.headers() or []))
+                sent |= self._reject(msg, exc, "decode")
             self._pending[(topic, partition)] = offset + 1
-        if dead and self._dlq is not None:
+        if sent:
             # The dead letters must be durable before their source offsets can be committed.
             self._dlq.flush()
         return out
 
-    def _dead_letter(self, msg, exc: DecodeError) -> None:
-        where = f"{msg.topic()}[{msg.partition()}]@{msg.offset()}"
-        logger.warning("undecodable record at %s key=%r (%s): %s; sent to %s.dlq", where, msg.key(),
-                       exc.reason, exc, msg.topic())
-        self.dead_lettered += 1
+    def _read(self, msg) -> Delivered[R]:
+        """Key, size, framing and schema, then the record type's own invariants; raises DecodeError."""
+        raw_key, value = msg.key(), msg.value()
+        try:
+            key = raw_key.decode() if raw_key is not None else None
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"record key is not UTF-8 ({exc.reason} at byte {exc.start}); keys are strings "
+                              "(task_id, request_id, group_id, ...)") from None
+        if self._max_record_bytes is not None and value is not None and len(value) > self._max_record_bytes:
+            raise InvalidRecordError("oversized", f"record of {len(value):,} bytes; this run reads at most "
+                                     f"{self._max_record_bytes:,} on {msg.topic()}")
+        record = self.serde.decode(value, msg.topic(), self.record_type)
+        if self._check is not None:
+            self._check(record)
+        return Delivered(record, msg.topic(), msg.partition(), msg.offset(), key, msg.timestamp()[1],
+                         msg.headers() or [])
+
+    def _reject(self, msg, exc: DecodeError, stage: str) -> bool:
+        """Dead-letter a bad record unless this group already did; True when a letter was sent now."""
+        where = (msg.topic(), msg.partition(), msg.offset())
+        self.rejected += 1
+        if where in self._ledger:
+            logger.info("bad record at %s[%d]@%d was dead-lettered before (%s); skipped", *where, exc.reason)
+            return False
+        logger.warning("bad record at %s[%d]@%d key=%r (%s at %s): %s; %s", *where, msg.key(), exc.reason, stage,
+                       exc, f"sent to {msg.topic()}.dlq" if self._dlq is not None else "skipped")
         if self._dlq is None:
-            raise RuntimeError(f"undecodable record at {where} and no dead-letter producer configured") from exc
+            return False
         self._dlq.send_dead_letter(dead_letter(
             topic=msg.topic(), partition=msg.partition(), offset=msg.offset(), key=msg.key(),
-            value=msg.value(), error=exc, reason=exc.reason, stage="decode", group=self.group_id,
+            value=msg.value(), error=exc, reason=exc.reason, stage=stage, group=self.group_id,
             original_headers=msg.headers(),
         ))
+        self._ledger.add(where)
+        self.dead_lettered += 1
+        if self._on_dead_letter is not None:
+            self._on_dead_letter(msg.topic(), exc.reason)
+        return True
 
     def _handle_error(self, error: KafkaError) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
@@ -133,16 +173,6 @@ class RecordConsumer(Generic[R]):
 
     def forget_pending(self) -> None:
         self._pending.clear()
-
-    def rewind_to_committed(self, timeout: float = 10.0) -> None:
-        """After an aborted transaction: read again from the last committed offsets of our partitions."""
-        assignment = self._consumer.assignment()
-        self._pending.clear()
-        if not assignment:
-            return
-        for tp in self._consumer.committed(assignment, timeout=timeout):
-            offset = tp.offset if tp.offset != OFFSET_INVALID else OFFSET_BEGINNING
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
     def assign(self, offsets: Offsets) -> None:
         """Group-less reading from explicit positions (which also become the pending positions)."""

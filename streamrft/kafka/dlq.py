@@ -61,3 +61,42 @@ def dead_letter(
         (HEADER_PREFIX + "consumer.group", group.encode()),
     ]
     return DeadLetter(topic=dlq_topic_of(topic), key=key, value=value, headers=headers)
+
+
+class DeadLetterLedger:
+    """Which records of a topic one consumer group has already dead-lettered, so that a record is sent to
+    the DLQ once: not again when an aborted transaction or a restart makes the group read it a second time.
+
+    Built at start from the DLQ topic itself (its letters carry source coordinates and group in their
+    headers), then kept up to date as letters are made durable. Two members of one group reading the same
+    partition at once (the overlap of a rebalance) can still both send a letter; tools that count letters
+    should group them by ``source.*`` headers."""
+
+    def __init__(self, group: str, seen: set[tuple[str, int, int]] | None = None):
+        self.group = group
+        self._seen = seen or set()
+
+    @classmethod
+    def from_letters(cls, group: str, letters) -> "DeadLetterLedger":
+        """From the raw records of a DLQ topic (anything with ``headers``); letters of other groups are not ours."""
+        seen = set()
+        for raw in letters:
+            headers = {k: v for k, v in raw.headers or []}
+            try:
+                if headers.get(HEADER_PREFIX + "consumer.group", b"").decode() != group:
+                    continue
+                seen.add((headers[HEADER_PREFIX + "source.topic"].decode(),
+                          int(headers[HEADER_PREFIX + "source.partition"]),
+                          int(headers[HEADER_PREFIX + "source.offset"])))
+            except (KeyError, ValueError, UnicodeDecodeError):
+                continue  # a foreign record on the DLQ topic: not one of our letters
+        return cls(group, seen)
+
+    def __contains__(self, where: tuple[str, int, int]) -> bool:
+        return where in self._seen
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def add(self, where: tuple[str, int, int]) -> None:
+        self._seen.add(where)

@@ -57,3 +57,37 @@ def read_topic(kafka: KafkaConfig, bootstrap: str, topic: str, *, from_beginning
                             msg.headers() or [], msg.timestamp()[1])
     finally:
         consumer.close()
+
+
+def read_to_end(kafka: KafkaConfig, bootstrap: str, topic: str, timeout: float = 30.0) -> list[RawRecord]:
+    """Every committed record of ``topic`` up to the end offsets at call time (exactly to the end: partition
+    EOF events, not an idle timeout). A topic that does not exist reads as empty."""
+    props = consumer_props(kafka, bootstrap, f"streamrft-reader-{uuid.uuid4().hex[:8]}") | {
+        "enable.partition.eof": True}
+    consumer = Consumer(props)
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return []
+        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
+        open_partitions = {tp.partition for tp in partitions
+                           if consumer.get_watermark_offsets(tp, timeout=10)[1] > 0}
+        consumer.assign([tp for tp in partitions if tp.partition in open_partitions])
+        records: list[RawRecord] = []
+        deadline = time.monotonic() + timeout
+        while open_partitions:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to its end in {timeout:.0f}s; is the broker up?")
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    open_partitions.discard(msg.partition())
+                    continue
+                raise KafkaException(msg.error())
+            records.append(RawRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
+                                     msg.headers() or [], msg.timestamp()[1]))
+        return records
+    finally:
+        consumer.close()

@@ -1,10 +1,15 @@
-"""consume -> produce -> commit in one Kafka transaction (``send_offsets_to_transaction``).
+"""consume -> produce -> commit in one Kafka transaction (``send_offsets_to_transaction``), with ONE abort
+policy for every role:
 
-Error handling, by the kind of error librdkafka reports:
-- retriable: retried under a deadline;
-- abortable (``txn_requires_abort``): the transaction is aborted and the consumer rewound to its committed
-  offsets, so the same input is processed again and nothing half-done is visible to read_committed readers;
-- fatal (e.g. fenced by a newer instance with the same transactional.id): raised; the process must stop.
+- **any** exception inside a transaction aborts it — a Kafka error, a record that fails to encode, a bug in the
+  caller's ``produce`` — so nothing half-done is ever visible to read_committed readers and the producer is
+  ready for the next transaction;
+- an abortable or retriable Kafka error (``txn_requires_abort``, e.g. the broker restarting) is followed by the
+  SAME unit of work again — the same records, the same consumed offsets — under a deadline: the role's
+  in-memory state never runs ahead of the topics, and nothing is rewound;
+- anything else is raised after the abort: :class:`FatalTransactionError` when the producer is unusable
+  (fenced by a newer instance with the same transactional.id), :class:`TransactionFailed` when the deadline
+  passed, or the caller's own exception. The role then stops; its state is in the topics, so a restart resumes.
 """
 from __future__ import annotations
 
@@ -24,8 +29,8 @@ class FatalTransactionError(RuntimeError):
     """The producer can no longer be used (fenced, or a fatal broker error); restart the role."""
 
 
-class TransactionAborted(Exception):
-    """Raised inside ``produce`` callbacks to abort on purpose (the input is processed again)."""
+class TransactionFailed(RuntimeError):
+    """A unit of work could not be committed before the deadline; nothing of it is visible."""
 
 
 class Transactor:
@@ -41,38 +46,49 @@ class Transactor:
         self.aborted = 0
         producer.init_transactions(timeout)
 
-    def run(self, produce: Callable[[RecordProducer], None]) -> bool:
-        """1. begin  2. produce  3. add the consumed offsets  4. commit.  True if committed; False if the
-        transaction was aborted and the consumer rewound (the caller simply polls again)."""
-        raw = self.producer.raw
-        try:
-            raw.begin_transaction()
-            produce(self.producer)
-            offsets = self.consumer.pending_offsets() if self.consumer is not None else []
-            if offsets:
-                metadata = self.consumer.group_metadata()
-                self._retrying("send_offsets_to_transaction",
-                               lambda t: raw.send_offsets_to_transaction(offsets, metadata, t))
-            self._retrying("commit_transaction", lambda t: raw.commit_transaction(t))
-        except TransactionAborted as exc:
-            self._abort(f"aborted by the caller: {exc}")
-            return False
-        except KafkaException as exc:
-            error: KafkaError = exc.args[0]
-            if error.fatal():
-                raise FatalTransactionError(
-                    f"fatal transaction error ({error.name()}): {error.str()}; another instance with the same "
-                    "transactional.id may have taken over; restart this role"
-                ) from exc
-            if error.txn_requires_abort():
-                self._abort(error.str())
-                return False
-            raise
-        self.producer.raise_delivery_errors()
+    def run(self, produce: Callable[[RecordProducer], None], what: str = "a unit of work") -> None:
+        """1. begin  2. produce  3. add the consumed offsets  4. commit — retried whole on abortable errors
+        until ``timeout``; raises when the unit cannot be committed (see the module docstring)."""
+        deadline = time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                self._attempt(produce)
+                break
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                self._abort(f"{what}: {error.str()}")
+                if error.fatal():
+                    raise FatalTransactionError(
+                        f"fatal transaction error while committing {what} ({error.name()}): {error.str()}; another "
+                        "instance with the same transactional.id may have taken over; restart this role") from exc
+                if not (error.txn_requires_abort() or error.retriable()):
+                    raise TransactionFailed(f"could not commit {what}: {error.str()}") from exc
+                if time.monotonic() >= deadline:
+                    raise TransactionFailed(f"could not commit {what} in {self.timeout:.0f}s ({attempt} attempts; "
+                                            f"last: {error.str()}); is the broker up?") from exc
+                logger.warning("transaction for %s aborted (%s); trying the same unit again (%d)", what,
+                               error.str(), attempt)
+                time.sleep(min(0.2 * attempt, 2.0))
+            except BaseException as exc:
+                self._abort(f"{what}: {type(exc).__name__}: {exc}")
+                raise
         if self.consumer is not None:
             self.consumer.forget_pending()
         self.committed += 1
-        return True
+
+    def _attempt(self, produce: Callable[[RecordProducer], None]) -> None:
+        raw = self.producer.raw
+        raw.begin_transaction()
+        produce(self.producer)
+        offsets = self.consumer.pending_offsets() if self.consumer is not None else []
+        if offsets:
+            metadata = self.consumer.group_metadata()
+            self._retrying("send_offsets_to_transaction",
+                           lambda t: raw.send_offsets_to_transaction(offsets, metadata, t))
+        self._retrying("commit_transaction", lambda t: raw.commit_transaction(t))
+        self.producer.raise_delivery_errors()
 
     def _retrying(self, what: str, call: Callable[[float], None]) -> None:
         deadline = time.monotonic() + self.timeout
@@ -82,16 +98,20 @@ class Transactor:
                 return
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
-                if error.retriable() and time.monotonic() < deadline:
+                if error.retriable() and not error.txn_requires_abort() and time.monotonic() < deadline:
                     logger.warning("%s: %s; retrying", what, error.str())
                     time.sleep(0.2)
                     continue
                 raise
 
     def _abort(self, why: str) -> None:
-        logger.warning("transaction aborted (%s); rewinding to the committed offsets", why)
+        """Abort the open transaction, if any (best effort: a fatal producer cannot abort)."""
         self.aborted += 1
-        self._retrying("abort_transaction", lambda t: self.producer.raw.abort_transaction(t))
+        logger.warning("transaction aborted: %s", why)
+        try:
+            self._retrying("abort_transaction", lambda t: self.producer.raw.abort_transaction(t))
+        except KafkaException as exc:
+            error: KafkaError = exc.args[0]
+            if error.code() != KafkaError._STATE and not error.fatal():
+                logger.warning("abort_transaction: %s", error.str())
         self.producer.discard_delivery_errors()  # the aborted records are discarded anyway
-        if self.consumer is not None:
-            self.consumer.rewind_to_committed()

@@ -1,0 +1,99 @@
+"""What every role is built on (composition, not inheritance): its producer and ``Transactor``, its view of
+``sync``, its metrics (records on ``metrics`` and a Prometheus registry + endpoint), its consumers, and one
+``close()`` that releases all of them in reverse order.
+
+A role creates one ``RoleRuntime``, declares its own Prometheus metrics on ``runtime.registry``, calls
+``runtime.serve()`` and keeps its own loop. Transactions go through :meth:`RoleRuntime.transaction`, which has
+the one abort policy of ``streamrft.kafka.transaction`` (any exception aborts; abortable errors retry the same
+unit; the rest stop the role, whose state is in the topics).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter
+
+from streamrft.config import RunConfig
+from streamrft.kafka import KafkaClients, RecordConsumer, RecordProducer, Transactor
+from streamrft.lifecycle import StopSignal
+from streamrft.schemas import Record
+from streamrft.sync import SyncView
+from streamrft.telemetry import MetricsPublisher, PrometheusEndpoint, serve_prometheus
+
+logger = logging.getLogger(__name__)
+
+
+class RoleRuntime:
+    def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *, role: str, source: str,
+                 transactional_id: str | None = None, producer_extra: dict | None = None,
+                 owns_sync_dead_letters: bool = False, follows_sync: bool = True):
+        """``role`` names the kind (explorer, rollout, trainer, monitor); ``source`` this instance. With a
+        ``transactional_id`` the producer is transactional (it also fences an older instance of the role).
+        ``follows_sync=False`` (the monitor): no view of ``sync``."""
+        self.config = config
+        self.clients = clients
+        self.stop = stop
+        self.role = role
+        self.source = source
+        self.registry = CollectorRegistry()
+        self._dead_letters = Counter("streamrft_dead_letters", "records sent to a dead-letter topic",
+                                     ["topic", "reason"], registry=self.registry)
+        self._closers: list[tuple[str, Callable[[], None]]] = []
+        self.producer = clients.producer(transactional_id=transactional_id, client_id=source,
+                                         extra=producer_extra)
+        self._transactor: Transactor | None = None
+        if transactional_id is not None:
+            self._transactor = Transactor(self.producer)
+        self.sync: SyncView | None = None
+        if follows_sync:
+            self.sync = self._closing("sync view", SyncView(clients, client_id=f"{source}-sync",
+                                                            dead_letters=owns_sync_dead_letters))
+        self.metrics = MetricsPublisher(self.producer, config.topic("metrics"), source, role)
+        self.endpoint = PrometheusEndpoint()
+
+    def _closing(self, what: str, thing):
+        self._closers.append((what, thing.close))
+        return thing
+
+    def on_close(self, what: str, close: Callable[[], None]) -> None:
+        """Release something of the role's own (an engine, a publisher) with the rest, before the clients."""
+        self._closers.append((what, close))
+
+    # -- clients ------------------------------------------------------------------------------------------------
+    def consumer(self, topic: str, record_type: type[Record], group: str, **kwargs) -> RecordConsumer:
+        """A checked consumer of one of the run's topics (``tasks``, ...); its dead letters are counted in
+        ``streamrft_dead_letters{topic, reason}``."""
+        consumer = self.clients.consumer([self.config.topic(topic)], record_type, group,
+                                         on_dead_letter=self._count_dead_letter, **kwargs)
+        return self._closing(f"{topic} consumer", consumer)
+
+    def _count_dead_letter(self, topic: str, reason: str) -> None:
+        self._dead_letters.labels(topic, reason).inc()
+
+    def bind(self, consumer: RecordConsumer) -> None:
+        """Commit ``consumer``'s offsets inside every transaction (consume -> produce -> commit)."""
+        self._transactor.consumer = consumer
+
+    def transaction(self, produce: Callable[[RecordProducer], None], what: str) -> None:
+        """Run ``produce`` in one transaction with the bound consumer's offsets; raises if it cannot commit."""
+        if self._transactor is None:
+            raise RuntimeError(f"{self.source}: transaction for {what} on a role without a transactional.id")
+        self._transactor.run(produce, what)
+
+    def serve(self, port: int | None) -> None:
+        """Expose the registry once the role has declared its metrics."""
+        self.endpoint = serve_prometheus(port, self.registry, host=self.config.metrics_host)
+
+    # -- the end -------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release everything, newest first (the role's own things before the clients they use); best effort:
+        the broker expires members that leave without a word anyway."""
+        closers = [*reversed(self._closers), ("producer", self.producer.close),
+                   ("metrics endpoint", self.endpoint.close)]
+        for what, close in closers:
+            try:
+                close()
+            except Exception:
+                logger.warning("%s: closing its %s failed", self.source, what, exc_info=True)
+        self._closers.clear()

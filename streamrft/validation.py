@@ -1,0 +1,222 @@
+"""What each record type promises, checked once where a role reads it (``RecordConsumer(check=...)``).
+
+One function per record type; each raises :class:`InvalidRecordError` with a short ``reason`` (the DLQ's
+``streamrft.reason`` header) and a sentence saying what is wrong. They check what the record itself promises —
+lengths that line up, finite numbers, ids that are present, JSON that parses — never the run's policy on
+work (how many samples a task may ask for is a cap, checked by the worker, which FAILS the request with the
+reason so the explorer still accounts for it).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from streamrft.schemas import (Experience, InvalidRecordError, Metric, RolloutRequest, RolloutResult, SyncKind,
+                               SyncSignal, Task)
+
+MAX_ID_CHARS = 512  # task_id, request_id, group_id, eid: they are keys and appear in the explorer's state
+MAX_VERSION = 2**31 - 1  # weights versions and steps; anything above is a forged or corrupted record
+MAX_METRIC_NAME = 256
+MAX_ERROR_CHARS = 64 * 1024  # a result's error text (workers keep the last 8,000 characters)
+MAX_STATE_BYTES = 256 * 1024  # a sync signal's state: the explorer's references, a group's address
+
+
+def _fail(reason: str, detail: str) -> None:
+    raise InvalidRecordError(reason, detail)
+
+
+def _check_id(value: str, what: str) -> None:
+    if not value:
+        _fail("missing-id", f"{what} is empty")
+    if len(value) > MAX_ID_CHARS:
+        _fail("id-too-long", f"{what} has {len(value)} characters (at most {MAX_ID_CHARS})")
+
+
+def _check_count(value: int, what: str, minimum: int = 0) -> None:
+    if not minimum <= value <= MAX_VERSION:
+        _fail("out-of-range", f"{what} = {value} is outside [{minimum}, {MAX_VERSION}]")
+
+
+# -- tasks ----------------------------------------------------------------------------------------------------
+def check_task(task: Task, max_bytes: int | None = None) -> None:
+    """Ids present, payload a JSON object, repeat_times positive when given, size within ``max_bytes``."""
+    _check_id(task.task_id, "task_id")
+    if not task.workflow:
+        _fail("missing-workflow", f"task {task.task_id!r} names no workflow")
+    size = len(task.payload) + len(task.task_id) + len(task.workflow) + len(task.taskset)
+    if max_bytes is not None and size > max_bytes:
+        _fail("oversized", f"task {task.task_id!r} is {size:,} bytes (limits.max_task_bytes = {max_bytes:,})")
+    if task.repeat_times is not None and task.repeat_times < 1:
+        _fail("out-of-range", f"task {task.task_id!r} asks for repeat_times = {task.repeat_times} (>= 1)")
+    try:
+        payload = json.loads(task.payload) if task.payload else {}
+    except (json.JSONDecodeError, RecursionError) as exc:
+        _fail("bad-payload", f"task {task.task_id!r}: payload is not JSON ({exc})")
+    if not isinstance(payload, dict):
+        _fail("bad-payload", f"task {task.task_id!r}: payload must be a JSON object, not {type(payload).__name__}")
+
+
+def check_request(request: RolloutRequest, max_task_bytes: int | None = None) -> None:
+    _check_id(request.request_id, "request_id")
+    _check_count(request.batch_id, f"request {request.request_id!r}: batch_id")
+    _check_count(request.repeat_times, f"request {request.request_id!r}: repeat_times", minimum=1)
+    _check_count(request.min_model_version, f"request {request.request_id!r}: min_model_version")
+    check_task(request.task, max_task_bytes)
+
+
+# -- experiences ----------------------------------------------------------------------------------------------
+def check_experience(experience: Experience, vocab_size: int | None = None, max_tokens: int | None = None) -> None:
+    """Packed arrays that line up with ``prompt_length``, token ids inside the vocabulary, no more tokens than
+    the model has positions (``max_tokens``), finite numbers."""
+    e = experience
+    _check_id(e.eid, "eid")
+    _check_id(e.group_id, f"experience {e.eid!r}: group_id")
+    where = f"experience {e.eid!r}"
+    _check_count(e.batch_id, f"{where}: batch_id")
+    _check_count(e.model_version, f"{where}: model_version")
+    _check_count(e.run_index, f"{where}: run_index")
+    _check_count(e.group_size, f"{where}: group_size")
+    if len(e.tokens) % 4:
+        _fail("experience-lengths", f"{where}: tokens has {len(e.tokens)} bytes, not a multiple of 4 (int32)")
+    n_tokens = len(e.tokens) // 4
+    if max_tokens is not None and n_tokens > max_tokens:
+        _fail("oversized", f"{where}: {n_tokens} tokens; the model has {max_tokens} positions")
+    if not 1 <= e.prompt_length < n_tokens:
+        _fail("experience-lengths", f"{where}: prompt_length {e.prompt_length} of {n_tokens} tokens leaves no "
+                                    "prompt or no response")
+    response = n_tokens - e.prompt_length
+    for name, data, width in (("logprobs", e.logprobs, 4), ("action_mask", e.action_mask, 1),
+                              ("token_rewards", e.token_rewards, 4)):
+        if data is not None and len(data) != response * width:
+            _fail("experience-lengths", f"{where}: {name} has {len(data)} bytes for {response} response tokens "
+                                        f"({response * width} expected)")
+    if not math.isfinite(e.reward):
+        _fail("non-finite", f"{where}: reward is {e.reward}")
+    ids = e.token_array
+    if ids.min() < 0 or (vocab_size is not None and ids.max() >= vocab_size):
+        _fail("token-out-of-vocab", f"{where}: token ids span [{ids.min()}, {ids.max()}], the vocabulary "
+                                    f"has {vocab_size} ids")
+    logprobs = e.logprob_array
+    if not np.all(np.isfinite(logprobs)) or np.any(logprobs > 1e-3):
+        _fail("bad-logprobs", f"{where}: logprobs must be finite and <= 0")
+    if e.token_rewards is not None and not np.all(np.isfinite(e.token_reward_array)):
+        _fail("non-finite", f"{where}: token_rewards are not all finite")
+
+
+# -- results and metrics ----------------------------------------------------------------------------------------
+def check_result(result: RolloutResult) -> None:
+    _check_id(result.request_id, "request_id")
+    if result.error is not None and len(result.error) > MAX_ERROR_CHARS:
+        _fail("oversized", f"result {result.request_id!r}: error text of {len(result.error):,} characters")
+    _check_count(result.batch_id, f"result {result.request_id!r}: batch_id")
+    _check_count(result.n, f"result {result.request_id!r}: n")
+    for name in ("reward_mean", "reward_std", "reward_min", "reward_max", "accuracy", "response_length_mean"):
+        if not math.isfinite(getattr(result, name)):
+            _fail("non-finite", f"result {result.request_id!r}: {name} is {getattr(result, name)}")
+
+
+def check_metric(metric: Metric) -> None:
+    """Names the monitor can export; the value may be NaN (a metric with no samples) but not infinite."""
+    if not metric.name:
+        _fail("bad-metric-name", "metric has no name")
+    if len(metric.name) > MAX_METRIC_NAME:
+        _fail("oversized", f"metric name of {len(metric.name):,} characters (at most {MAX_METRIC_NAME})")
+    if not metric.source or not metric.role:
+        _fail("missing-id", f"metric {metric.name!r} has no source or role")
+    if math.isinf(metric.value):
+        _fail("non-finite", f"metric {metric.name!r} = {metric.value}")
+    if not -1 <= metric.step <= MAX_VERSION:
+        _fail("out-of-range", f"metric {metric.name!r}: step {metric.step} outside [-1, {MAX_VERSION}]")
+
+
+# -- sync signals -----------------------------------------------------------------------------------------------
+@dataclass
+class ExplorerState:
+    """What the explorer records about itself (JSON in ``SyncSignal.state``, kind EXPLORER_STATE).
+
+    It references tasks, never embeds them: ``pending`` holds ``[epoch, partition, offset]`` of the tasks read
+    from ``tasks`` but not yet rolled out, in rollout order, so the record stays a few KiB whatever the
+    prompts."""
+
+    next_step: int = 0
+    epoch: int = 0
+    pending: list[list[int]] = field(default_factory=list)
+    awaiting: dict | None = None  # {"step", "requests": [ids], "results_offsets": {partition: offset}}
+    finished_step: int = -1  # last step whose results are all in (or cancelled / timed out)
+    done: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ExplorerState":
+        """Tolerant: unknown keys (a newer explorer's) are ignored; a known key of the wrong shape raises
+        InvalidRecordError."""
+        if not text:
+            return cls()
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            _fail("bad-state", f"explorer state is not JSON: {exc}")
+        if not isinstance(data, dict):
+            _fail("bad-state", f"explorer state must be a JSON object, not {type(data).__name__}")
+        known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        state = cls(**known)
+        state._check()
+        return state
+
+    def _check(self) -> None:
+        def ok(value: Any, kind: type | tuple) -> bool:
+            return isinstance(value, kind) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
+
+        if not (ok(self.next_step, int) and ok(self.epoch, int) and ok(self.finished_step, int)
+                and isinstance(self.done, bool)):
+            _fail("bad-state", "explorer state: next_step, epoch, finished_step must be integers, done a boolean")
+        if not -1 <= self.finished_step < max(self.next_step, 0) + 1 or not 0 <= self.next_step <= MAX_VERSION:
+            _fail("bad-state", f"explorer state: next_step {self.next_step}, finished_step {self.finished_step} "
+                               "are out of range")
+        if not isinstance(self.pending, list) or not all(
+                isinstance(ref, list) and len(ref) == 3 and all(ok(v, int) and v >= 0 for v in ref)
+                for ref in self.pending):
+            _fail("bad-state", "explorer state: pending must be a list of [epoch, partition, offset]")
+        awaiting = self.awaiting
+        if awaiting is not None and not (
+                isinstance(awaiting, dict) and ok(awaiting.get("step"), int)
+                and isinstance(awaiting.get("requests"), list)
+                and all(isinstance(r, str) for r in awaiting["requests"])
+                and isinstance(awaiting.get("results_offsets", {}), dict)
+                and all(ok(v, int) for v in awaiting.get("results_offsets", {}).values())):
+            _fail("bad-state", "explorer state: awaiting must be {step, requests: [ids], results_offsets}")
+
+
+def check_sync(signal: SyncSignal, weights_method: str | None = None) -> None:
+    """Versions in range, state JSON that parses, and only the transport this run uses (``weights_method``:
+    ``object_store`` or ``collective``). Whether a weights signal points into this run's store is the weight
+    follower's check, which also verifies the manifest."""
+    _check_count(signal.version, f"{signal.kind.value} signal: version")
+    if len(signal.state) > MAX_STATE_BYTES:
+        _fail("oversized", f"{signal.kind.value} signal: state of {len(signal.state):,} characters")
+    if signal.kind == SyncKind.EXPLORER_STATE:
+        ExplorerState.from_json(signal.state)
+    elif signal.kind in (SyncKind.WEIGHTS_PUBLISHED, SyncKind.NCCL_READY) and weights_method is not None:
+        expected = "COLLECTIVE" if weights_method == "collective" else "OBJECT_STORE"
+        if signal.kind == SyncKind.NCCL_READY and expected != "COLLECTIVE":
+            _fail("wrong-transport", "NCCL_READY in a run whose trainer.weights.method is object_store")
+        if signal.method.value != expected:
+            _fail("wrong-transport", f"{signal.kind.value} v{signal.version} by {signal.method.value}; this run's "
+                                     f"trainer.weights.method is {weights_method}")
+    if signal.kind == SyncKind.NCCL_READY:
+        try:
+            state = json.loads(signal.state)
+            valid = (isinstance(state, dict) and isinstance(state.get("world_size"), int)
+                     and state["world_size"] >= 2 and str(state.get("claim", "")).startswith("tcp://")
+                     and signal.uri.startswith("tcp://"))
+        except (json.JSONDecodeError, RecursionError):
+            valid = False
+        if not valid:
+            _fail("bad-announcement", "NCCL_READY needs a tcp:// uri and a state with world_size >= 2 and a "
+                                      "tcp:// claim address")

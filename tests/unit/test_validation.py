@@ -1,0 +1,136 @@
+"""The record checks applied where roles read (streamrft.validation), the explorer state's tolerant parsing,
+the trainer-lineage rule for weights, and the dead-letter ledger. No broker."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from streamrft.kafka.dlq import DeadLetterLedger, dead_letter
+from streamrft.schemas import (Experience, InvalidRecordError, Metric, RolloutKind, RolloutRequest, RolloutResult,
+                               RolloutStatus, SyncKind, SyncMethod, SyncSignal, Task, pack_f32, pack_i32, pack_u8)
+from streamrft.sync import supersedes
+from streamrft.validation import (ExplorerState, check_experience, check_metric, check_request, check_result,
+                                  check_sync, check_task)
+
+
+def experience(**changes) -> Experience:
+    fields = dict(eid="g/0", group_id="g", task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+                  model_version=0, tokens=pack_i32([1, 2, 3, 4, 5]), prompt_length=2,
+                  logprobs=pack_f32([-0.5, -1.0, -2.0]), reward=1.0)
+    return Experience(**{**fields, **changes})
+
+
+def reason_of(check, record, **kwargs) -> str:
+    with pytest.raises(InvalidRecordError) as info:
+        check(record, **kwargs)
+    assert str(info.value)  # a sentence saying what is wrong
+    return info.value.reason
+
+
+def test_a_good_experience_passes():
+    check_experience(experience(), vocab_size=10, max_tokens=5)
+    check_experience(experience(action_mask=pack_u8([1, 0, 1]), token_rewards=pack_f32([0, 0, 1])))
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"tokens": b"\x01\x02\x03"}, "experience-lengths"),
+    ({"prompt_length": 5}, "experience-lengths"),
+    ({"prompt_length": 0}, "experience-lengths"),
+    ({"logprobs": pack_f32([-1.0])}, "experience-lengths"),
+    ({"action_mask": pack_u8([1, 1])}, "experience-lengths"),
+    ({"token_rewards": pack_f32([1.0])}, "experience-lengths"),
+    ({"reward": float("nan")}, "non-finite"),
+    ({"reward": float("inf")}, "non-finite"),
+    ({"tokens": pack_i32([1, 2, 3, 4, 99])}, "token-out-of-vocab"),
+    ({"tokens": pack_i32([1, 2, 3, 4, -1])}, "token-out-of-vocab"),
+    ({"logprobs": pack_f32([-0.5, float("nan"), -2.0])}, "bad-logprobs"),
+    ({"logprobs": pack_f32([-0.5, 3.0, -2.0])}, "bad-logprobs"),
+    ({"model_version": -1}, "out-of-range"),
+    ({"eid": ""}, "missing-id"),
+])
+def test_impossible_experiences_are_refused_with_a_reason(changes, reason):
+    assert reason_of(check_experience, experience(**changes), vocab_size=10) == reason
+
+
+def test_an_experience_longer_than_the_model_is_oversized():
+    assert reason_of(check_experience, experience(), max_tokens=4) == "oversized"
+
+
+@pytest.mark.parametrize("task, reason", [
+    (Task(task_id="", workflow="w", payload="{}"), "missing-id"),
+    (Task(task_id="x" * 600, workflow="w", payload="{}"), "id-too-long"),
+    (Task(task_id="t", workflow="", payload="{}"), "missing-workflow"),
+    (Task(task_id="t", workflow="w", payload="{nope"), "bad-payload"),
+    (Task(task_id="t", workflow="w", payload="[1, 2]"), "bad-payload"),
+    (Task(task_id="t", workflow="w", payload="{}", repeat_times=0), "out-of-range"),
+    (Task(task_id="t", workflow="w", payload=json.dumps({"q": "x" * 5000})), "oversized"),
+])
+def test_bad_tasks_are_refused(task, reason):
+    assert reason_of(check_task, task, max_bytes=4096) == reason
+
+
+def test_requests_results_and_metrics():
+    good = Task(task_id="t", workflow="w", payload="{}")
+    check_request(RolloutRequest(request_id="r", batch_id=0, kind=RolloutKind.TRAIN, task=good, repeat_times=2))
+    bad = RolloutRequest(request_id="r", batch_id=-1, kind=RolloutKind.TRAIN, task=good, repeat_times=2)
+    assert reason_of(check_request, bad) == "out-of-range"
+    result = RolloutResult(request_id="r", batch_id=0, task_id="t", status=RolloutStatus.OK, n=1, model_version=0,
+                           duration_ms=1)
+    check_result(result)
+    result.accuracy = float("nan")
+    assert reason_of(check_result, result) == "non-finite"
+    check_metric(Metric(source="s", role="r", name="rollout/reward_mean", value=float("nan"), step=0))
+    assert reason_of(check_metric, Metric(source="s", role="r", name="m", value=float("-inf"), step=0)) == \
+        "non-finite"
+    assert reason_of(check_metric, Metric(source="s", role="r", name="", value=1.0, step=0)) == "bad-metric-name"
+
+
+def test_explorer_state_ignores_unknown_keys_and_refuses_bad_shapes():
+    state = ExplorerState(next_step=3, epoch=1, pending=[[1, 0, 17]], finished_step=2)
+    data = json.loads(state.to_json()) | {"added_by_a_newer_explorer": {"x": 1}}
+    assert ExplorerState.from_json(json.dumps(data)) == state
+    assert ExplorerState.from_json("") == ExplorerState()
+    for text in ("{nope", "[1]", '{"next_step": "3"}', '{"pending": [{"task": {}}]}', '{"done": 1}',
+                 '{"awaiting": {"step": 1, "requests": [1]}}', '{"next_step": -4}'):
+        with pytest.raises(InvalidRecordError):
+            ExplorerState.from_json(text)
+
+
+def test_sync_signals_are_checked_against_the_run_transport():
+    check_sync(SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.OBJECT_STORE),
+               weights_method="object_store")
+    ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri="tcp://h:1",
+                       state=json.dumps({"world_size": 2, "claim": "tcp://h:2"}))
+    check_sync(ready, weights_method="collective")
+    assert reason_of(check_sync, ready, weights_method="object_store") == "wrong-transport"
+    collective = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.COLLECTIVE)
+    assert reason_of(check_sync, collective, weights_method="object_store") == "wrong-transport"
+    assert reason_of(check_sync, SyncSignal(kind=SyncKind.CANCEL_STEP, version=-2)) == "out-of-range"
+    assert reason_of(check_sync, SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{x")) == "bad-state"
+    bad_ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri="tcp://h:1",
+                           state="{}")
+    assert reason_of(check_sync, bad_ready, weights_method="collective") == "bad-announcement"
+
+
+def test_a_new_trainer_lineage_supersedes_whatever_its_version():
+    old = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=7, lineage="a")
+    assert supersedes(None, old)
+    assert supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=8, lineage="a"))
+    assert not supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=7, lineage="a"))
+    assert not supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=5, lineage="a"))
+    assert supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=5, lineage="b"))
+
+
+def test_the_ledger_knows_only_its_own_groups_letters():
+    def letter(offset, group):
+        made = dead_letter(topic="rft.x.tasks", partition=0, offset=offset, key=b"k", value=b"v", error="e",
+                           reason="r", stage="decode", group=group)
+        return SimpleNamespace(headers=made.headers)
+
+    foreign = SimpleNamespace(headers=[("something", b"else")])
+    ledger = DeadLetterLedger.from_letters("x.explorer", [letter(3, "x.explorer"), letter(4, "x.trainer"), foreign])
+    assert ("rft.x.tasks", 0, 3) in ledger and ("rft.x.tasks", 0, 4) not in ledger and len(ledger) == 1
+    ledger.add(("rft.x.tasks", 0, 9))
+    assert ("rft.x.tasks", 0, 9) in ledger
