@@ -1,5 +1,9 @@
 """Moving weights from the trainer to the inference side: publishing to object storage, and the collective
-(torch.distributed broadcast) group that the trainer leads and rollout workers join through `sync` signals."""
+(torch.distributed broadcast) group that the trainer leads and rollout workers join through `sync` signals.
+
+Each publisher is one trainer lifetime and has its own *lineage* id (:func:`new_lineage`), put in every signal
+it sends: a trainer that resumes from an older checkpoint publishes versions it had published before, and
+workers follow it because the lineage changed (``weight_follower.supersedes``)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +17,15 @@ import torch
 
 from streamrft.config import RunConfig
 from streamrft.engines.training import TrainingEngine
-from streamrft.engines.weights import CollectiveGroup, ObjectStore, broadcast_weights, free_port, receive_weights
+from streamrft.engines.weights import (
+    CollectiveGroup,
+    ObjectStore,
+    broadcast_weights,
+    free_port,
+    new_lineage,
+    receive_weights,
+)
+from streamrft.engines.weights.collective import listening_store
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 
 logger = logging.getLogger(__name__)
@@ -24,7 +36,9 @@ class ObjectStorePublisher:
 
     def __init__(self, config: RunConfig, source: str):
         w = config.trainer.weights
-        self.store = ObjectStore(config.weights_url, keep_last=w.keep_last, max_shard_bytes=w.shard_mb << 20)
+        self.lineage = new_lineage()
+        self.store = ObjectStore(config.weights_url, lineage=self.lineage, keep_last=w.keep_last,
+                                 max_shard_bytes=w.shard_mb << 20)
         self.source = source
 
     def announcement(self) -> SyncSignal | None:
@@ -34,7 +48,7 @@ class ObjectStorePublisher:
         published = self.store.publish(engine.named_weights(), version=version)
         return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
                           method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
-                          nbytes=published.nbytes, source=self.source)
+                          nbytes=published.nbytes, source=self.source, lineage=self.lineage)
 
     def close(self) -> None:
         pass
@@ -44,8 +58,6 @@ class CollectivePublisher:
     """Rank 0 of the weight-sync group (see the module docstring for the rendezvous)."""
 
     def __init__(self, config: RunConfig, device: torch.device, source: str):
-        import torch.distributed as dist
-
         w = config.trainer.weights
         self.host = w.collective_host
         self.world_size = 1 + w.collective_receivers
@@ -53,13 +65,14 @@ class CollectivePublisher:
         self.bucket_bytes = w.bucket_mb << 20
         self.device = device
         self.source = source
+        self.lineage = new_lineage()
         self.session = uuid.uuid4().hex[:12]
         group_port = w.collective_port or free_port(self.host)
-        claim_port = w.collective_port + 1 if w.collective_port else free_port(self.host)
+        # both stores listen on collective_host only (loopback by default), never on every interface
+        self._claims, claim_port = listening_store(self.host, w.collective_port + 1 if w.collective_port else 0,
+                                                   timeout_s=self.timeout_s)
         self.address = f"tcp://{self.host}:{group_port}"
         self.claim_address = f"tcp://{self.host}:{claim_port}"
-        self._claims = dist.TCPStore(self.host, claim_port, None, True,
-                                     timedelta(seconds=self.timeout_s), wait_for_workers=False)
         self.group: CollectiveGroup | None = None
         self._error: BaseException | None = None
         self._joined = threading.Event()
@@ -72,7 +85,7 @@ class CollectivePublisher:
         state = {"world_size": self.world_size, "claim": self.claim_address, "session": self.session,
                  "bucket_bytes": self.bucket_bytes}
         return SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri=self.address,
-                          source=self.source, state=json.dumps(state))
+                          source=self.source, state=json.dumps(state), lineage=self.lineage)
 
     def _join(self) -> None:
         try:
@@ -97,7 +110,8 @@ class CollectivePublisher:
         group = self._wait_for_group()
         stats = broadcast_weights(group, engine.named_weights(), version, bucket_bytes=self.bucket_bytes)
         return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
-                          method=SyncMethod.COLLECTIVE, uri=self.address, nbytes=stats.nbytes, source=self.source)
+                          method=SyncMethod.COLLECTIVE, uri=self.address, nbytes=stats.nbytes, source=self.source,
+                          lineage=self.lineage)
 
     def close(self) -> None:
         if self.group is not None:
@@ -108,6 +122,40 @@ class CollectivePublisher:
             self.group.close()
             self.group = None
         self._claims = None
+
+
+_SESSION_CHARS = set("0123456789abcdef")
+
+
+def check_announcement(ready: SyncSignal, host: str, port: int = 0) -> dict:
+    """The state of an NCCL_READY that a worker of this run may join, or ValueError saying why not: the group
+    and the rank-claim store must both be on the configured ``trainer.weights.collective_host`` (and the
+    configured group port, when one is set), the state must be what :class:`CollectivePublisher` writes.
+    Without this a forged announcement sends every worker's rank claim to an address of the forger's choice."""
+    from urllib.parse import urlparse
+
+    if ready.kind != SyncKind.NCCL_READY or ready.method != SyncMethod.COLLECTIVE:
+        raise ValueError(f"expected an NCCL_READY signal of method COLLECTIVE, got {ready.kind.value} / "
+                         f"{ready.method.value}")
+    state = json.loads(ready.state)
+    if not isinstance(state, dict):
+        raise ValueError("its state is not a JSON object")
+    for what, address, wanted_port in (("group", ready.uri, port), ("claim", state.get("claim"), 0)):
+        url = urlparse(address) if isinstance(address, str) else None
+        if url is None or url.scheme != "tcp" or (url.hostname or "").lower() != host.lower() or not url.port:
+            raise ValueError(f"its {what} address {address!r} is not tcp://{host}:<port> "
+                             "(trainer.weights.collective_host)")
+        if wanted_port and url.port != wanted_port:
+            raise ValueError(f"its {what} port {url.port} is not trainer.weights.collective_port {wanted_port}")
+    world_size, session = state.get("world_size"), state.get("session")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 2 <= world_size <= 1 << 16:
+        raise ValueError(f"world_size {world_size!r} is not an integer in 2..65536")
+    if not isinstance(session, str) or not 1 <= len(session) <= 64 or not set(session) <= _SESSION_CHARS:
+        raise ValueError(f"session {session!r} is not a hex token")
+    bucket_bytes = state.get("bucket_bytes", 1)
+    if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes {bucket_bytes!r} is not a positive integer")
+    return state
 
 
 class CollectiveReceiver:

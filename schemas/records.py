@@ -242,6 +242,7 @@ class SyncSignal(Record):
     source: str = ""
     state: str = ""
     created_at: int = field(default_factory=now_ms)
+    lineage: str = ""  # trainer lifetime of WEIGHTS_PUBLISHED / NCCL_READY (see SyncSignal.avsc)
 
     @property
     def key(self) -> str:

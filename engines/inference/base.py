@@ -140,6 +140,11 @@ class InferenceEngine(ABC):
         into the model in place and set :attr:`version`. Unknown names or wrong shapes raise ``ValueError``
         before anything is changed."""
 
+    def check_weights(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Raise ``ValueError`` if weights of these names and shapes would be refused by :meth:`load_weights`,
+        so a caller can refuse a published version before fetching it. Engines that cannot tell without loading
+        (this default) accept everything here and rely on ``load_weights``'s own check."""
+
     @abstractmethod
     def state_dict(self) -> dict[str, "torch.Tensor"]:
         """The served weights by Hugging Face parameter name (for tests and checks, may be views)."""

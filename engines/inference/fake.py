@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .base import (
@@ -26,6 +26,12 @@ from .base import (
 
 # responder(prompt_text, sample_index) -> response text
 Responder = Callable[[str, int], str]
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """A recorded weight's shape (tensors, arrays); None for values without one."""
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else None
 
 
 class FakeEngine(InferenceEngine):
@@ -96,8 +102,24 @@ class FakeEngine(InferenceEngine):
             stop_reason=stop_reason,
         )
 
+    def check_weights(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Like a real engine once it holds weights: unknown names and other shapes are refused. Before the
+        first load it has no model to compare with and accepts anything."""
+        if not self._weights:
+            return
+        unknown = [name for name in shapes if name not in self._weights]
+        if unknown:
+            raise ValueError(f"unknown parameter names (first 5 of {len(unknown)}): {unknown[:5]}")
+        wrong = [f"{name}: {tuple(shape)} != {_shape(self._weights[name])}" for name, shape in shapes.items()
+                 if _shape(self._weights[name]) not in (None, tuple(shape))]
+        if wrong:
+            raise ValueError(f"shape mismatch: {wrong[:5]}")
+
     def load_weights(self, weights: WeightsInput, version: int) -> None:
-        self._weights.update(iter_weights(weights))
+        # all checked before anything changes, as a real engine does: a refused load keeps the old weights
+        incoming = dict(iter_weights(weights))
+        self.check_weights({name: _shape(t) or () for name, t in incoming.items()})
+        self._weights.update(incoming)
         self._version = version
 
     def state_dict(self) -> dict[str, Any]:

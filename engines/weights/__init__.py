@@ -9,7 +9,28 @@ from .collective import (
     free_port,
     receive_weights,
 )
-from .errors import ManifestIntegrityError, ShardIntegrityError, WeightFormatError, WeightIntegrityError
-from .object_store import Manifest, ObjectStore, PublishedWeights, iter_weights, load_weights, read_manifest
+from .errors import (
+    ChecksumRequiredError,
+    ForeignUriError,
+    ManifestIntegrityError,
+    ManifestMismatchError,
+    ShardIntegrityError,
+    UnsafeShardNameError,
+    WeightFormatError,
+    WeightIntegrityError,
+)
+from .object_store import (
+    Manifest,
+    ObjectStore,
+    PublishedWeights,
+    check_lineage,
+    check_manifest_uri,
+    is_sha256,
+    iter_weights,
+    load_weights,
+    new_lineage,
+    read_manifest,
+    version_dir_name,
+)
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -3,7 +3,8 @@
 same code, so the path is tested without a GPU.
 
 The group is built from its own TCP store and is *not* the process's default group, so a trainer that also runs
-DDP (or an inference engine with its own groups) is unaffected, and nothing global is set.
+DDP (or an inference engine with its own groups) is unaffected, and nothing global is set. The store's server
+listens on the rendezvous host only (:func:`listening_store`), not on every interface.
 
 Protocol of one sync, all broadcasts from rank 0:
 
@@ -40,6 +41,39 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+def listening_store(
+    host: str,
+    port: int,
+    *,
+    world_size: int | None = None,
+    timeout_s: float = 300.0,
+    wait_for_workers: bool = False,
+) -> tuple[Any, int]:
+    """A ``TCPStore`` server that accepts connections on ``host`` only; returns ``(store, port)`` (``port=0``:
+    an ephemeral one, read back from the socket, so there is no free-port race).
+
+    Why not just ``TCPStore(host, port, is_master=True)``: its server binds the wildcard address (``::``,
+    every interface) whatever ``host_name`` says — the name is only what clients dial (checked on torch 2.15:
+    ``/proc/net/tcp6`` lists the port on ``::``). torch takes a socket that is already bound instead
+    (``master_listen_fd``; the store owns and closes it), so the socket is bound here."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        bound_port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    # from here the store owns the descriptor (it closes it); on a failed construction it leaks rather than
+    # risk closing a number another thread has been given since
+    fd = sock.detach()
+    store = dist.TCPStore(host, bound_port, world_size, True, datetime.timedelta(seconds=timeout_s),
+                          wait_for_workers=wait_for_workers, master_listen_fd=fd)
+    return store, bound_port
 
 
 def backend_for(device: torch.device | str) -> str:
@@ -116,7 +150,11 @@ class CollectiveGroup:
         device = torch.device(device)
         backend = backend_for(device)
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(url.hostname, url.port, world_size, rank == 0, timeout=timeout)
+        if rank == 0:  # hosts the store, on the rendezvous address only
+            store, _ = listening_store(url.hostname, url.port, world_size=world_size, timeout_s=timeout_s,
+                                       wait_for_workers=True)
+        else:
+            store = dist.TCPStore(url.hostname, url.port, world_size, False, timeout=timeout)
         prefixed = dist.PrefixStore(_STORE_PREFIX, store)
         if backend == "nccl":
             torch.cuda.set_device(device)

@@ -35,3 +35,31 @@ class ShardIntegrityError(WeightIntegrityError):
 
 class WeightFormatError(WeightIntegrityError):
     """A manifest or shard that verifies but does not describe what it should (unknown format, wrong tensors)."""
+
+
+class ChecksumRequiredError(WeightIntegrityError):
+    """A manifest was to be read without the sha256 its announcement must carry."""
+
+    def __init__(self, uri: str, given: str | None) -> None:
+        self.uri = uri
+        super().__init__(
+            f"manifest {uri}: a sha256 of 64 hex digits is required to read it, got {given!r} "
+            "(publish through ObjectStore.publish, which returns it, and put it in the signal)"
+        )
+
+
+class ForeignUriError(WeightIntegrityError):
+    """A manifest URI that does not name a version directory of the configured store."""
+
+    def __init__(self, uri: str, store_url: str, why: str) -> None:
+        self.uri = uri
+        self.store_url = store_url
+        super().__init__(f"weights at {uri!r} are not in this run's store {store_url!r}: {why}")
+
+
+class UnsafeShardNameError(WeightFormatError):
+    """A manifest names a shard file outside its own version directory."""
+
+
+class ManifestMismatchError(WeightFormatError):
+    """The manifest describes another version (or lineage) than the one announced."""

@@ -3,17 +3,24 @@ matching fsspec backend installed).
 
 Layout under the base URL::
 
-    v00000007/model-00001-of-00002.safetensors
-    v00000007/model-00002-of-00002.safetensors
-    v00000007/manifest.json        <- written last; its presence means the version is complete
+    v00000007-20250101T120000-1a2b3c4d/model-00001-of-00002.safetensors
+    v00000007-20250101T120000-1a2b3c4d/model-00002-of-00002.safetensors
+    v00000007-20250101T120000-1a2b3c4d/manifest.json   <- written last; its presence means the version is complete
+
+The directory is the version plus the publisher's *lineage* (one id per trainer lifetime, see
+:func:`new_lineage`): a trainer that resumes from an older checkpoint publishes versions it published before,
+and they must not overwrite (or be pruned as older than) the lost ones. A store without a lineage (tests,
+benchmarks, older publishers) writes plain ``v00000007``.
 
 Shards are size-bounded safetensors files. The manifest lists, per shard, its file name, byte size, sha256 and
 tensor names; per tensor its dtype and shape; and ``sha256`` of the whole, defined as
-``sha256(concat(raw digest of each shard, in order))`` — it changes iff any shard's content changes.
+``sha256(concat(raw digest of each shard, in order))`` — it changes iff any shard's content changes; and the
+version and lineage it holds, which a reader compares with the announcement.
 Each file is written under a temporary name and then moved into place, so a reader never sees half a file.
 :meth:`ObjectStore.publish` returns ``(manifest uri, sha256 of the manifest bytes, total shard bytes)`` — what a
-``SyncSignal(WEIGHTS_PUBLISHED)`` carries; a reader passes that sha256 back to :func:`load_weights`, which
-verifies the manifest, then every shard, and raises :class:`ShardIntegrityError` naming a bad shard.
+``SyncSignal(WEIGHTS_PUBLISHED)`` carries; a reader passes that sha256 (required) back to :func:`load_weights`,
+which verifies the manifest, then every shard, and raises :class:`ShardIntegrityError` naming a bad shard.
+:func:`check_manifest_uri` tells whether an announced URI is a version directory of a given store at all.
 
 Cost: the bytes are written and read once each (local shards are memory-mapped on load), plus one sha256 pass
 on each side, spread over a few threads (one per shard, up to 4); sha256, not I/O, bounds it on a fast disk.
@@ -25,7 +32,9 @@ import json
 import logging
 import mmap
 import os
+import posixpath
 import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -36,10 +45,19 @@ from typing import Any, NamedTuple
 import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
+from urllib.parse import unquote
 
 from streamrft.schemas import now_ms
 
-from .errors import ManifestIntegrityError, ShardIntegrityError, WeightFormatError
+from .errors import (
+    ChecksumRequiredError,
+    ForeignUriError,
+    ManifestIntegrityError,
+    ManifestMismatchError,
+    ShardIntegrityError,
+    UnsafeShardNameError,
+    WeightFormatError,
+)
 from .safetensors_io import (
     CHUNK_BYTES,
     OverlappedSha256,
@@ -53,7 +71,35 @@ logger = logging.getLogger(__name__)
 FORMAT = "streamrft.weights/1"
 MANIFEST_NAME = "manifest.json"
 DEFAULT_MAX_SHARD_BYTES = 256 << 20  # small enough to hash several shards in parallel and bound memory
-_VERSION_DIR = re.compile(r"^v(\d{8})$")
+_LINEAGE = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"  # goes into a directory name: no '/', no '.'
+_LINEAGE_RE = re.compile(rf"^{_LINEAGE}$")
+_VERSION_DIR = re.compile(rf"^v(\d{{8,}})(?:-({_LINEAGE}))?$")
+_SHARD_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")  # a plain name: no '/', no leading '.'
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def new_lineage() -> str:
+    """A fresh lineage id for one trainer lifetime: UTC start time (readable, roughly ordered) + random."""
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+
+
+def check_lineage(lineage: str) -> str:
+    """``lineage`` if it can name a directory ('' = none); ValueError otherwise."""
+    if lineage and not _LINEAGE_RE.match(lineage):
+        raise ValueError(f"lineage {lineage!r} must be letters, digits, '-' and '_' (at most 64), or empty")
+    return lineage
+
+
+def version_dir_name(version: int, lineage: str = "") -> str:
+    """``v00000007`` or ``v00000007-<lineage>``: where a version of a lineage lives under the base URL."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be an integer >= 0, got {version!r}")
+    check_lineage(lineage)
+    return f"v{version:08d}-{lineage}" if lineage else f"v{version:08d}"
+
+
+def is_sha256(value: object) -> bool:
+    return isinstance(value, str) and bool(_SHA256.match(value))
 
 
 class PublishedWeights(NamedTuple):
@@ -85,11 +131,13 @@ class Manifest:
     total_bytes: int
     created_at: int
     metadata: dict[str, str]
+    lineage: str = ""
 
     def to_json(self) -> bytes:
         doc = {
             "format": FORMAT,
             "version": self.version,
+            "lineage": self.lineage,
             "created_at": self.created_at,
             "total_bytes": self.total_bytes,
             "sha256": self.sha256,
@@ -104,23 +152,53 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: bytes, uri: str = "") -> "Manifest":
+        """Parse and check the structure: every number a non-negative integer, every shard a plain file name in
+        the manifest's own directory, every tensor in exactly one shard. Anything else is a WeightFormatError
+        (never a KeyError or OverflowError from deep inside a load)."""
         try:
             doc = json.loads(data)
-            if doc.get("format") != FORMAT:
-                raise WeightFormatError(f"manifest {uri}: format {doc.get('format')!r}, expected {FORMAT!r}")
-            return cls(
-                version=int(doc["version"]),
-                shards=tuple(
-                    ShardEntry(s["file"], int(s["nbytes"]), s["sha256"], tuple(s["tensors"])) for s in doc["shards"]
-                ),
-                tensors={n: TensorEntry(t["dtype"], tuple(t["shape"])) for n, t in doc["tensors"].items()},
-                sha256=doc["sha256"],
-                total_bytes=int(doc["total_bytes"]),
-                created_at=int(doc["created_at"]),
-                metadata=dict(doc.get("metadata", {})),
+            if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+                found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+                raise WeightFormatError(f"manifest {uri}: format {found!r}, expected {FORMAT!r}")
+            manifest = cls(
+                version=_count(doc["version"], "version"),
+                shards=tuple(_shard_entry(s, uri) for s in doc["shards"]),
+                tensors={str(n): TensorEntry(str(t["dtype"]), tuple(_count(d, f"{n} shape") for d in t["shape"]))
+                         for n, t in doc["tensors"].items()},
+                sha256=str(doc["sha256"]),
+                total_bytes=_count(doc["total_bytes"], "total_bytes"),
+                created_at=_count(doc["created_at"], "created_at"),
+                metadata={str(k): str(v) for k, v in doc.get("metadata", {}).items()},
+                lineage=check_lineage(str(doc.get("lineage", ""))),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except WeightFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
             raise WeightFormatError(f"manifest {uri} is not a valid {FORMAT} manifest: {exc!r}") from exc
+        listed = [name for shard in manifest.shards for name in shard.tensors]
+        if len(listed) != len(set(listed)) or set(listed) != set(manifest.tensors):
+            raise WeightFormatError(f"manifest {uri}: its shards' tensor lists do not match its tensor table "
+                                    "one to one")
+        return manifest
+
+
+def _count(value: object, what: str) -> int:
+    """A JSON integer >= 0 (not a bool, not a float like 1e400)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _shard_entry(doc: dict, uri: str) -> ShardEntry:
+    file = doc["file"]
+    # a shard is read as <manifest's directory>/<file>: a '/' or '..' would read outside the version
+    if not isinstance(file, str) or not _SHARD_FILE.match(file) or ".." in file:
+        raise UnsafeShardNameError(f"manifest {uri}: shard file {file!r} is not a plain file name in the "
+                                   "manifest's directory; refusing it")
+    if not is_sha256(doc["sha256"]):
+        raise ValueError(f"shard {file}: sha256 {doc['sha256']!r} is not 64 hex digits")
+    return ShardEntry(file, _count(doc["nbytes"], f"{file} nbytes"), doc["sha256"],
+                      tuple(str(n) for n in doc["tensors"]))
 
 
 def content_sha256(shard_digests: Iterable[str]) -> str:
@@ -157,12 +235,14 @@ def _cpu_tensors(items: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tenso
 
 
 class ObjectStore:
-    """Versioned weight snapshots under one fsspec base URL, keeping the newest ``keep_last``."""
+    """Versioned weight snapshots of one lineage under an fsspec base URL, keeping the newest ``keep_last``
+    (see :meth:`prune` for versions of other lineages in the same place)."""
 
     def __init__(
         self,
         url: str,
         *,
+        lineage: str = "",
         keep_last: int = 3,
         max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
         storage_options: dict[str, Any] | None = None,
@@ -172,15 +252,21 @@ class ObjectStore:
         if max_shard_bytes < 1:
             raise ValueError(f"max_shard_bytes must be >= 1, got {max_shard_bytes}")
         self.url = url
+        self.lineage = check_lineage(lineage)
         self.keep_last = keep_last
         self.max_shard_bytes = max_shard_bytes
         self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
 
-    def _version_dir(self, version: int) -> str:
-        return f"{self.root.rstrip('/')}/v{version:08d}"
+    def _version_dir(self, version: int, lineage: str | None = None) -> str:
+        name = version_dir_name(version, self.lineage if lineage is None else lineage)
+        return f"{self.root.rstrip('/')}/{name}"
 
-    def manifest_uri(self, version: int) -> str:
-        return self.fs.unstrip_protocol(f"{self._version_dir(version)}/{MANIFEST_NAME}")
+    def manifest_path(self, version: int, lineage: str | None = None) -> str:
+        """Where the manifest of ``version`` of ``lineage`` (default: this store's) lives, protocol stripped."""
+        return f"{self._version_dir(version, lineage)}/{MANIFEST_NAME}"
+
+    def manifest_uri(self, version: int, lineage: str | None = None) -> str:
+        return self.fs.unstrip_protocol(self.manifest_path(version, lineage))
 
     def _write_atomic(self, path: str, write) -> Any:
         """``write(file)`` into a temporary name next to ``path``, then move it into place."""
@@ -203,11 +289,11 @@ class ObjectStore:
         *,
         metadata: dict[str, str] | None = None,
     ) -> PublishedWeights:
-        """Write ``named_tensors`` as version ``version``: shards first, the manifest last, then prune old
-        versions. Re-publishing an existing version replaces it (its manifest is removed first, so readers see
-        either the old complete version, none, or the new complete one)."""
-        if version < 0:
-            raise ValueError(f"version must be >= 0, got {version}")
+        """Write ``named_tensors`` as version ``version`` of this store's lineage: shards first, the manifest
+        last, then prune old versions. Re-publishing a version of the same lineage replaces it (its manifest is
+        removed first, so readers see either the old complete version, none, or the new complete one); the
+        same version of another lineage is another directory and stays."""
+        version_dir_name(version)  # raises for a negative or non-integer version
         named = list(named_tensors)
         if not named:
             raise ValueError("no tensors to publish")
@@ -246,59 +332,135 @@ class ObjectStore:
             total_bytes=sum(s.nbytes for s in shards),
             created_at=now_ms(),
             metadata=dict(metadata or {}),
+            lineage=self.lineage,
         )
         body = manifest.to_json()
         self._write_atomic(f"{vdir}/{MANIFEST_NAME}", lambda fh: fh.write(body))
         uri = self.manifest_uri(version)
-        logger.info("published weights v%d: %d shards, %d bytes -> %s", version, len(shards), manifest.total_bytes, uri)
+        logger.info("published weights v%d (lineage %r): %d shards, %d bytes -> %s", version, self.lineage,
+                    len(shards), manifest.total_bytes, uri)
         self.prune()
         return PublishedWeights(uri, hashlib.sha256(body).hexdigest(), manifest.total_bytes)
 
-    def _version_dirs(self) -> dict[int, str]:
+    def _version_dirs(self) -> dict[tuple[str, int], str]:
+        """Every version directory under the base URL, complete or not: ``{(lineage, version): path}``."""
         if not self.fs.exists(self.root):
             return {}
         found = {}
         for path in self.fs.ls(self.root, detail=False):
             match = _VERSION_DIR.match(path.rstrip("/").rpartition("/")[2])
             if match:
-                found[int(match.group(1))] = path
+                found[(match.group(2) or "", int(match.group(1)))] = path.rstrip("/")
         return found
 
-    def versions(self) -> list[int]:
-        """Complete versions (manifest present), oldest first."""
-        dirs = self._version_dirs()
-        return sorted(v for v, path in dirs.items() if self.fs.exists(f"{path.rstrip('/')}/{MANIFEST_NAME}"))
+    def _is_complete(self, path: str) -> bool:
+        return self.fs.exists(f"{path}/{MANIFEST_NAME}")
 
-    def prune(self) -> list[int]:
-        """Delete every version directory older than the ``keep_last`` newest complete versions (incomplete
-        leftovers of a crashed publish included); returns the deleted versions."""
-        complete = self.versions()
-        if len(complete) <= self.keep_last:
-            return []
-        oldest_kept = complete[-self.keep_last]
+    def _created_at(self, path: str) -> int:
+        """When a complete version was published (its manifest's ``created_at``); 0 if unreadable."""
+        try:
+            return int(json.loads(self.fs.cat_file(f"{path}/{MANIFEST_NAME}")).get("created_at", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
+            return 0
+
+    def versions(self) -> list[int]:
+        """Complete versions of this store's lineage (manifest present), oldest first."""
+        return sorted(v for (lineage, v), path in self._version_dirs().items()
+                      if lineage == self.lineage and self._is_complete(path))
+
+    def prune(self) -> list[str]:
+        """Delete old version directories; returns the names deleted.
+
+        ``keep_last`` counts this lineage's newest complete versions first — the newest one is never deleted —
+        and the remaining places go to older lineages' complete versions, most recently published first, so a
+        resumed trainer's fresh v3 is kept over the lost lineage's v7. Lineage ids order by the trainer's start
+        (:func:`new_lineage`; ``""`` first): a lineage that sorts after this one belongs to a newer trainer
+        (this one is a leftover that has not noticed yet) and is left alone. Incomplete directories (a crashed
+        publish) go when they are of this lineage and older than what it keeps, or of an older lineage."""
+        dirs = self._version_dirs()
+        mine = sorted(v for (lineage, v), path in dirs.items() if lineage == self.lineage and self._is_complete(path))
+        keep = {(self.lineage, v) for v in mine[-self.keep_last:]}
+        older = sorted((self._created_at(path), key) for key, path in dirs.items()
+                       if key[0] < self.lineage and self._is_complete(path))
+        room = self.keep_last - len(keep)
+        if room > 0:
+            keep.update(key for _, key in older[-room:])
+        oldest_kept = mine[-self.keep_last:][0] if mine else -1
         removed = []
-        for version, path in sorted(self._version_dirs().items()):
-            if version < oldest_kept:
-                self.fs.rm(path, recursive=True)
-                removed.append(version)
+        for key, path in sorted(dirs.items()):
+            lineage, version = key
+            if key in keep or lineage > self.lineage:
+                continue
+            if lineage == self.lineage and version >= oldest_kept:
+                continue  # an incomplete directory newer than what this lineage keeps
+            self.fs.rm(path, recursive=True)
+            removed.append(path.rpartition("/")[2])
         if removed:
-            logger.info("pruned weight versions %s (keeping the last %d)", removed, self.keep_last)
+            logger.info("pruned weight versions %s (keeping the last %d, lineage %r first)", removed,
+                        self.keep_last, self.lineage)
         return removed
 
 
+def check_manifest_uri(store_url: str, uri: str, version: int, lineage: str = "",
+                       storage_options: dict[str, Any] | None = None) -> str:
+    """``uri`` if it is exactly the manifest of ``version`` of ``lineage`` under ``store_url``; else
+    ForeignUriError. Same fsspec protocol (and chain) as the store, no ``.``/``..`` path segment (also
+    percent-encoded), no other directory. The store's filesystem class is the only one imported: a URI of another
+    protocol is refused before fsspec loads anything for it."""
+    base_chain, _, base_last = store_url.rpartition("::")
+    chain, _, last = uri.rpartition("::")
+    if chain != base_chain:
+        raise ForeignUriError(uri, store_url, f"fsspec chain {chain!r}, the store's is {base_chain!r}")
+    base_protocol = _protocol(base_last)
+    protocol = _protocol(last)
+    cls = fsspec.get_filesystem_class(base_protocol)
+    known = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
+    if protocol not in {"file" if p == "local" else p for p in known}:
+        raise ForeignUriError(uri, store_url, f"protocol {protocol!r}, the store's is {base_protocol!r}")
+    raw = fsspec.core.split_protocol(last)[1]
+    segments = set(raw.split("/")) | set(unquote(raw).split("/"))
+    if segments & {".", ".."}:
+        raise ForeignUriError(uri, store_url, "'.' or '..' in the path")
+    fs, root = fsspec.core.url_to_fs(store_url, **(storage_options or {}))
+    expected = posixpath.join(root.rstrip("/") or "/", version_dir_name(version, lineage), MANIFEST_NAME)
+    actual = fs._strip_protocol(last)
+    if actual != expected:
+        raise ForeignUriError(uri, store_url, f"v{version} of lineage {lineage!r} is published at "
+                                              f"{fs.unstrip_protocol(expected)}")
+    return uri
+
+
+def _protocol(url: str) -> str:
+    protocol = fsspec.core.split_protocol(url)[0] or "file"
+    return "file" if protocol == "local" else protocol
+
+
 def read_manifest(
-    uri: str, expected_sha256: str | None = None, *, storage_options: dict[str, Any] | None = None
+    uri: str,
+    expected_sha256: str,
+    *,
+    expected_version: int | None = None,
+    expected_lineage: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> Manifest:
-    """Read and parse a manifest; with ``expected_sha256`` (from the sync signal) verify its bytes first."""
+    """Read a manifest, verify its bytes against ``expected_sha256`` (from the announcement; required), parse
+    it, and check it describes ``expected_version`` / ``expected_lineage`` when given (ManifestMismatchError)."""
+    if not is_sha256(expected_sha256):
+        raise ChecksumRequiredError(uri, expected_sha256)
     fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
     body = fs.cat_file(path)
-    if expected_sha256 is not None:
-        actual = hashlib.sha256(body).hexdigest()
-        if actual != expected_sha256:
-            raise ManifestIntegrityError(uri, expected_sha256, actual)
+    actual = hashlib.sha256(body).hexdigest()
+    if actual != expected_sha256:
+        raise ManifestIntegrityError(uri, expected_sha256, actual)
     manifest = Manifest.from_json(body, uri)
     if content_sha256(s.sha256 for s in manifest.shards) != manifest.sha256:
         raise WeightFormatError(f"manifest {uri}: its sha256 of the whole does not match its shard digests")
+    if expected_version is not None and manifest.version != expected_version:
+        raise ManifestMismatchError(f"manifest {uri} is of version {manifest.version}, announced as "
+                                    f"v{expected_version}")
+    if expected_lineage is not None and manifest.lineage != expected_lineage:
+        raise ManifestMismatchError(f"manifest {uri} is of lineage {manifest.lineage!r}, announced as "
+                                    f"{expected_lineage!r}")
     return manifest
 
 
@@ -375,18 +537,24 @@ def _shard_tensors(manifest: Manifest, shard: ShardEntry, data: torch.Tensor, pa
 
 def iter_weights(
     uri: str,
-    expected_sha256: str | None = None,
+    expected_sha256: str,
     *,
+    expected_version: int | None = None,
+    expected_lineage: str | None = None,
     device: torch.device | str = "cpu",
     storage_options: dict[str, Any] | None = None,
     prefetch: int | None = None,
+    manifest: Manifest | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Stream ``(name, tensor)`` shard by shard, in manifest order. The next few shards are read and verified
     on background threads while the current one is consumed (memory: about ``prefetch + 1`` shards; a shard's
     tensors are views over the buffer it was read into). Each shard is verified before any of its tensors is
     yielded — but earlier shards have already been handed out when a later one fails; use
-    :func:`load_weights` to verify everything before loading anything."""
-    manifest = read_manifest(uri, expected_sha256, storage_options=storage_options)
+    :func:`load_weights` to verify everything before loading anything. ``manifest``: one already read with
+    :func:`read_manifest` from this ``uri`` (its checks are not repeated)."""
+    if manifest is None:
+        manifest = read_manifest(uri, expected_sha256, expected_version=expected_version,
+                                 expected_lineage=expected_lineage, storage_options=storage_options)
     fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
     directory = path.rpartition("/")[0]
     prefetch = prefetch if prefetch is not None else _io_threads()
@@ -413,10 +581,15 @@ def iter_weights(
 
 def load_weights(
     uri: str,
-    expected_sha256: str | None = None,
+    expected_sha256: str,
     *,
+    expected_version: int | None = None,
+    expected_lineage: str | None = None,
     device: torch.device | str = "cpu",
     storage_options: dict[str, Any] | None = None,
+    manifest: Manifest | None = None,
 ) -> dict[str, torch.Tensor]:
     """All tensors of a published version, in manifest order, after every shard verified (all or nothing)."""
-    return dict(iter_weights(uri, expected_sha256, device=device, storage_options=storage_options))
+    return dict(iter_weights(uri, expected_sha256, expected_version=expected_version,
+                             expected_lineage=expected_lineage, device=device, storage_options=storage_options,
+                             manifest=manifest))

@@ -74,7 +74,7 @@ results = st.builds(
 )
 signals = st.builds(SyncSignal, kind=st.sampled_from(SyncKind), version=long, trainer_step=long,
                     method=st.sampled_from(SyncMethod), uri=text, sha256=text, nbytes=long, source=text, state=text,
-                    created_at=millis)
+                    created_at=millis, lineage=text)
 metrics = st.builds(Metric, source=text, role=text, name=text, value=double, step=long,
                     tags=st.dictionaries(text, text, max_size=4), created_at=millis)
 any_record = st.one_of(tasks, requests, experiences, results, signals, metrics)
