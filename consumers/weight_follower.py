@@ -16,9 +16,10 @@ tensors' names and shapes (checked from the manifest, before anything is fetched
 never an exception out of here; the engine keeps the weights it had.
 
 Lineage. A trainer that resumes from a checkpoint publishes again versions it had published before the crash,
-under a new lineage id. :func:`supersedes` is the one rule of which signal is newer: another lineage always,
-within one lineage a higher version. It relies on the ``sync`` topic having one partition
-(``topics.sync.partitions`` is validated to be 1) so signals arrive in the order they were written.
+under a new lineage id. ``supersedes`` (declared in ``streamrft.sync``, which ``SyncView`` applies too) is the
+one rule of which signal is newer: another lineage always, within one lineage a higher version. It relies on
+the ``sync`` topic having one partition (``topics.sync.partitions`` is validated to be 1) so signals arrive in
+the order they were written.
 
 Retries. Errors of the store itself (``OSError``: not reachable, not there yet, a timeout) are retried with a
 backoff of 1 s doubling to 30 s, at most ``retry_attempts`` times per signal; any other refusal is final for
@@ -54,11 +55,13 @@ from streamrft.engines.weights import (
 )
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
-from streamrft.sync import SyncView
+from streamrft.sync import SyncView, supersedes  # the one rule of which weights are newer; re-exported here
 
 from .weight_sync import CollectiveReceiver, check_announcement
 
 logger = logging.getLogger(__name__)
+
+__all__ = ["HINTS", "Refusal", "WeightFollower", "supersedes"]
 
 _METHODS = {"object_store": SyncMethod.OBJECT_STORE, "collective": SyncMethod.COLLECTIVE}
 
@@ -104,19 +107,6 @@ class _Refused(Exception):
         super().__init__(detail)
         self.reason = reason
         self.transient = transient
-
-
-def supersedes(current: SyncSignal | None, incoming: SyncSignal) -> bool:
-    """Whether ``incoming`` (read after ``current``) announces the weights to serve now.
-
-    A signal of another lineage than ``current``'s supersedes it whatever its version: it comes from a newer
-    trainer lifetime (a resume publishes lower versions again). Within one lineage only a higher version does.
-    Relies on signals arriving in the order they were written (``sync`` has one partition)."""
-    if current is None:
-        return True
-    if incoming.lineage != current.lineage:
-        return True
-    return incoming.version > current.version
 
 
 def _identity(signal: SyncSignal) -> tuple:
