@@ -97,6 +97,9 @@ class RolloutWorker:
         self.runtime.bind(self.consumer)
         self.weights = WeightFollower(config, self.engine, self.worker_id, self.runtime.registry)
         self.runtime.on_close("weight follower", self.weights.close)
+        # refused weight signals go to sync.dlq once for the whole group, however many workers refuse them
+        self._refusal_ledger = clients.dead_letter_ledger(config.group("rollout"), config.topic("sync"))
+        self._refusal_letters: list = []
         self.handled = 0
         self.c_requests = Counter("streamrft_rollout_requests", "requests handled, by status", ["status"],
                                   registry=self.runtime.registry)
@@ -125,12 +128,33 @@ class RolloutWorker:
             if items:
                 with self._paused_while_busy():
                     self._handle(items)
+            elif self._refusal_letters:  # nothing read since the last commit: the letters go alone
+                self.runtime.transaction(self._produce_refusals, "dead letters of refused weights")
         return self.handled
 
     def _follow_weights(self, swap: bool) -> None:
         self.weights.follow(self.sync)
         if swap:
             self.weights.swap_to_latest(self.sync)
+        self._note_refusals()
+
+    def _note_refusals(self) -> None:
+        """Final refusals become dead letters (sent with the next transaction); transient ones are retried."""
+        for refusal in self.weights.take_refusals():
+            partition, offset = self.sync.where.get(refusal.signal.kind, (0, -1))
+            where = (self.sync.topic, partition, offset)
+            if refusal.transient or where in self._refusal_ledger:
+                continue
+            self._refusal_ledger.add(where)
+            self._refusal_letters.append(dead_letter(
+                topic=self.sync.topic, partition=partition, offset=offset, key=refusal.signal.key.encode(),
+                value=self.runtime.clients.serde.encode(refusal.signal, self.sync.topic), error=refusal.detail,
+                reason=refusal.reason, stage="weights", group=self.config.group("rollout")))
+
+    def _produce_refusals(self, producer: RecordProducer) -> None:
+        for letter in self._refusal_letters:
+            producer.send_dead_letter(letter)
+        self._refusal_letters = []
 
     @contextmanager
     def _paused_while_busy(self):
@@ -175,7 +199,10 @@ class RolloutWorker:
             outcomes += self._rollout(runnable)  # 4.
         elapsed_ms = int((time.monotonic() - started) * 1000)
 
+        self._note_refusals()
+
         def produce(producer: RecordProducer) -> None:  # 5.
+            self._produce_refusals(producer)
             for experiences, result, letter in outcomes:
                 for experience in experiences:
                     producer.produce(self.config.topic("experiences"), experience)

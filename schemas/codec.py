@@ -15,7 +15,7 @@ from typing import Callable, TypeVar
 from fastavro import schemaless_reader, schemaless_writer
 
 from .compiled import CompiledRecord, Malformed, Truncated, Unsupported, compile_record
-from .contract import RECORD_NAMES, fingerprint64, parsed, schema_json
+from .contract import RECORD_NAMES, fingerprint64, parsed, previous_schemas, schema_json
 from .records import RECORD_TYPES, Record
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -112,6 +112,8 @@ class SingleObjectCodec:
             self._by_fingerprint[fp] = (name, current, compiled.decode if compiled else None)
             if compiled is not None:
                 self._fast_encode[name] = compiled.encode
+        for name, schema in previous_schemas():
+            self.register_writer_schema(name, schema)
 
     def register_writer_schema(self, record_name: str, schema: dict) -> bytes:
         """Accept payloads written with an older (or other compatible) version of ``record_name``'s schema."""

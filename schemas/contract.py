@@ -24,6 +24,20 @@ _SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 RECORD_NAMES: tuple[str, ...] = tuple(_SOURCES)
+# Earlier versions of the schemas, ``previous/<Record>.<n>.avsc``: records on a topic written before a field was
+# added keep decoding (fastavro resolves them against the current schema, with the new field's default). A
+# schema that gains a field leaves its old file here.
+PREVIOUS_DIR = SCHEMA_DIR / "previous"
+
+
+def previous_schemas() -> list[tuple[str, dict]]:
+    """(record name, schema) of every earlier schema version shipped in ``previous/``."""
+    out = []
+    for path in sorted(PREVIOUS_DIR.glob("*.avsc")):
+        name = path.name.split(".")[0]
+        deps = [str(SCHEMA_DIR / f"{part}.avsc") for part in _SOURCES[name][:-1]]
+        out.append((name, load_schema_ordered([*deps, str(path)], _write_hint=False)))
+    return out
 
 
 @cache

@@ -48,6 +48,8 @@ class SyncView:
         self._cancels: set[int] = set()  # CANCEL_STEP versions not yet known to be valid or superseded
         self._cancelled = -1
         self.collective_ready: SyncSignal | None = None  # the trainer's newest weight-sync group (NCCL_READY)
+        # (partition, offset) of each of the two above, for the dead letter of a refused one
+        self.where: dict[SyncKind, tuple[int, int]] = {}
         self.caught_up = False
 
     @property
@@ -79,6 +81,8 @@ class SyncView:
         signals = []
         for item in self._consumer.poll(max_records=500, timeout=timeout):
             self._apply(item.record)
+            if item.record is self.weights or item.record is self.collective_ready:
+                self.where[item.record.kind] = (item.partition, item.offset)
             signals.append(item.record)
         if not self.caught_up and self._consumer.at_end():
             self.caught_up = True

@@ -56,11 +56,15 @@ class KafkaClients:
         dlq = ledger = None
         if dead_letters:
             dlq = self.producer(client_id=f"{client_id}-dlq")
-            ledger = DeadLetterLedger.from_letters(group, (raw for topic in topics for raw in
-                                                           read_to_end(self.config.kafka, self.bootstrap,
-                                                                       dlq_topic_of(topic))))
+            ledger = self.dead_letter_ledger(group, *topics)
         return RecordConsumer(props, self.serde, topics, record_type, dlq, subscribe, check=check, ledger=ledger,
                               max_record_bytes=max_record_bytes, on_dead_letter=on_dead_letter)
+
+    def dead_letter_ledger(self, group: str, *topics: str) -> DeadLetterLedger:
+        """What ``group`` already dead-lettered from ``topics``, read back from their DLQ topics."""
+        return DeadLetterLedger.from_letters(group, (raw for topic in topics for raw in
+                                                     read_to_end(self.config.kafka, self.bootstrap,
+                                                                 dlq_topic_of(topic))))
 
     def admin(self) -> AdminClient:
         if self._admin is None:

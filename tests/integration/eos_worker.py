@@ -46,8 +46,8 @@ def main() -> None:
                 print("CRASHING", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
 
-        if transactor.run(produce):
-            done += len(batch)
+        transactor.run(produce)  # raises when it cannot commit; abortable errors retry the same unit
+        done += len(batch)
     consumer.close()
     print(f"DONE {done}", flush=True)
 

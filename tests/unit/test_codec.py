@@ -214,3 +214,24 @@ def test_unpack_rejects_ragged_buffers():
     with pytest.raises(ValueError, match="whole number"):
         unpack_i32(b"\x00\x01\x02")
     assert unpack_f32(None).size == 0
+
+
+def test_records_of_earlier_schema_versions_still_decode():
+    """A SyncSignal written before ``lineage`` existed (the schema in schemas/previous/) decodes, with the
+    field's default: a sync topic from an older release does not stop the roles of a newer one."""
+    import io
+    import json
+
+    from fastavro import schemaless_writer
+
+    from streamrft.schemas.contract import PREVIOUS_DIR, fingerprint64, parsed
+
+    old = json.loads((PREVIOUS_DIR / "SyncSignal.1.avsc").read_text())
+    assert "lineage" not in {f["name"] for f in old["fields"]}
+    body = io.BytesIO()
+    schemaless_writer(body, parsed(old), {"kind": "WEIGHTS_PUBLISHED", "version": 4, "trainer_step": 4,
+                                          "method": "OBJECT_STORE", "uri": "file:///w", "sha256": "ab", "nbytes": 1,
+                                          "source": "trainer", "state": "", "created_at": 1})
+    payload = b"\xc3\x01" + fingerprint64(old) + body.getvalue()
+    signal = SingleObjectCodec().decode(payload, SyncSignal)
+    assert signal.version == 4 and signal.lineage == ""
