@@ -328,11 +328,17 @@ def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(
     assert signal_v1.version == 1 and signal_v1.method == SyncMethod.OBJECT_STORE and signal_v1.source == "trainer"
 
     worker = RolloutWorker(config, clients, StopSignal(), "w0")
+
+    def load(signal) -> bool:
+        worker.sync.weights = signal  # as if the worker's view had just read it
+        return worker.weights.swap_to_latest(worker.sync)
+
     try:
-        assert worker.load(signal_v1) and worker.engine.version == 1
+        assert load(signal_v1) and worker.engine.version == 1
         _assert_same_weights(worker.engine.state_dict(), trainer.role)
 
-        store = ObjectStore(config.weights_url, keep_last=5, max_shard_bytes=64 << 10)
+        # the trainer's own lineage: what a corrupted upload of a real later version would carry
+        store = ObjectStore(config.weights_url, lineage=signal_v1.lineage, keep_last=5, max_shard_bytes=64 << 10)
         shifted = {n: t + 0.5 for n, t in trainer.role.engine.named_weights()}
         for version, damage in ((2, "corrupt"), (3, "truncate")):
             published = store.publish(shifted.items(), version=version)
@@ -345,8 +351,9 @@ def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(
             shard.write_bytes(bytes(data))
             bad = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
                              method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
-                             nbytes=published.nbytes)
-            assert worker.load(bad) is False, damage
+                             nbytes=published.nbytes, lineage=signal_v1.lineage)
+            assert load(bad) is False, damage
+            assert [r.reason for r in worker.weights.take_refusals()] == ["integrity"], damage
             assert worker.engine.version == 1
             _assert_same_weights(worker.engine.state_dict(), trainer.role)  # the old weights stay
     finally:
@@ -368,10 +375,10 @@ def _collective_receiver(bootstrap: str, overrides: dict, model_dir: str, out: s
     while worker.sync.weights is None or worker.sync.weights.version < version:
         assert time.monotonic() < deadline, "no broadcast announced"
         worker.sync.poll(0.2)
-        worker.follow_collective()
-    assert worker.load(worker.sync.weights) and worker.engine.version == version
+        worker.weights.follow(worker.sync)
+    assert worker.weights.swap_to_latest(worker.sync) and worker.engine.version == version
     torch.save({name: t.clone() for name, t in worker.engine.state_dict().items()}, out)
-    receiver = worker._receiver
+    receiver = worker.weights._receiver
     receiver.close(timeout=60)  # until the trainer's farewell
     worker.close()
     clients.close()
