@@ -21,14 +21,17 @@ __all__ = ["ExplorerState", "SyncView", "supersedes"]
 
 
 def supersedes(current: SyncSignal | None, incoming: SyncSignal) -> bool:
-    """Whether ``incoming`` weights replace ``current``: within one trainer lineage only a higher version does;
-    a signal of another lineage (a trainer that resumed from a checkpoint and lost the versions after it)
-    replaces it whatever its version. Signals of one kind share a key, so they arrive in topic order."""
+    """Whether ``incoming`` weights replace ``current``: within one trainer lineage a higher version does, and
+    the same version announced again with another manifest sha256 (so a signal that was wrong about a version
+    cannot hide the right one; loading verifies which is real); a signal of another lineage (a trainer that
+    resumed from a checkpoint and lost the versions after it) replaces it whatever its version. Signals of one
+    kind share a key, so they arrive in topic order."""
     if current is None:
         return True
     if incoming.lineage != current.lineage:
         return True
-    return incoming.version > current.version
+    return incoming.version > current.version or (incoming.version == current.version
+                                                  and incoming.sha256 != current.sha256)
 
 
 class SyncView:
@@ -40,7 +43,8 @@ class SyncView:
         # partition EOF events tell when the history is read (end offsets would count transaction markers)
         self._consumer = clients.consumer([self.topic], SyncSignal, group=f"{config.name}.sync-view",
                                           client_id=client_id, subscribe=False, dead_letters=dead_letters,
-                                          check=partial(check_sync, weights_method=config.trainer.weights.method),
+                                          check=partial(check_sync, weights_method=config.trainer.weights.method,
+                                                        weights_url=config.weights_url),
                                           extra={"enable.partition.eof": True})
         self._consumer.assign(clients.offsets(self.topic, "start"))
         self.weights: SyncSignal | None = None

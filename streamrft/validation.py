@@ -193,10 +193,13 @@ class ExplorerState:
             _fail("bad-state", "explorer state: awaiting must be {step, requests: [ids], results_offsets}")
 
 
-def check_sync(signal: SyncSignal, weights_method: str | None = None) -> None:
-    """Versions in range, state JSON that parses, and only the transport this run uses (``weights_method``:
-    ``object_store`` or ``collective``). Whether a weights signal points into this run's store is the weight
-    follower's check, which also verifies the manifest."""
+def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_url: str | None = None) -> None:
+    """Versions in range, state JSON that parses, only the transport this run uses (``weights_method``:
+    ``object_store`` or ``collective``) and, for object-store weights, a sha256 and a URI that is exactly where
+    this run's store (``weights_url``) keeps that version of that lineage. A forged signal must not become the
+    roles' newest weights even for a moment: it would hide the real signal of the same version. What only the
+    bytes can tell (the manifest's own version, its sha256, the shards) the weight follower checks when it
+    loads."""
     _check_count(signal.version, f"{signal.kind.value} signal: version")
     if len(signal.state) > MAX_STATE_BYTES:
         _fail("oversized", f"{signal.kind.value} signal: state of {len(signal.state):,} characters")
@@ -209,6 +212,9 @@ def check_sync(signal: SyncSignal, weights_method: str | None = None) -> None:
         if signal.method.value != expected:
             _fail("wrong-transport", f"{signal.kind.value} v{signal.version} by {signal.method.value}; this run's "
                                      f"trainer.weights.method is {weights_method}")
+    if (signal.kind == SyncKind.WEIGHTS_PUBLISHED and signal.method.value == "OBJECT_STORE"
+            and weights_url is not None):
+        _check_weights_location(signal, weights_url)
     if signal.kind == SyncKind.NCCL_READY:
         try:
             state = json.loads(signal.state)
@@ -220,3 +226,15 @@ def check_sync(signal: SyncSignal, weights_method: str | None = None) -> None:
         if not valid:
             _fail("bad-announcement", "NCCL_READY needs a tcp:// uri and a state with world_size >= 2 and a "
                                       "tcp:// claim address")
+
+
+def _check_weights_location(signal: SyncSignal, weights_url: str) -> None:
+    from streamrft.engines.weights import check_lineage, check_manifest_uri, is_sha256
+
+    if not is_sha256(signal.sha256):
+        _fail("missing-sha256", f"WEIGHTS_PUBLISHED v{signal.version} carries no sha256 of its manifest")
+    try:
+        check_lineage(signal.lineage)
+        check_manifest_uri(weights_url, signal.uri, signal.version, signal.lineage)
+    except Exception as exc:  # ForeignUriError, ValueError of a lineage, a protocol fsspec does not know
+        _fail("foreign-uri", f"WEIGHTS_PUBLISHED v{signal.version}: {exc}")

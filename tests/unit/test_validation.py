@@ -121,6 +121,23 @@ def test_a_new_trainer_lineage_supersedes_whatever_its_version():
     assert not supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=7, lineage="a"))
     assert not supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=5, lineage="a"))
     assert supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=5, lineage="b"))
+    # the same version announced again with another manifest: loading tells which one is real
+    assert supersedes(old, SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=7, lineage="a", sha256="f" * 64))
+
+
+def test_object_store_weights_must_point_into_the_run_store_with_a_sha256(tmp_path):
+    store = (tmp_path / "weights").as_uri()
+    good = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=4, method=SyncMethod.OBJECT_STORE, lineage="L1",
+                      uri=f"{store}/v00000004-L1/manifest.json", sha256="a" * 64)
+    check_sync(good, weights_method="object_store", weights_url=store)
+    for changes, reason in (({"sha256": ""}, "missing-sha256"),
+                            ({"uri": (tmp_path / "elsewhere").as_uri() + "/v00000004-L1/manifest.json"}, "foreign-uri"),
+                            ({"uri": f"{store}/../weights/v00000004-L1/manifest.json"}, "foreign-uri"),
+                            ({"uri": f"http://example.invalid/v00000004-L1/manifest.json"}, "foreign-uri"),
+                            ({"version": 5}, "foreign-uri"),  # v4's files announced as v5
+                            ({"lineage": "../x"}, "foreign-uri")):
+        signal = SyncSignal(**{**good.to_dict(), **changes})
+        assert reason_of(check_sync, signal, weights_method="object_store", weights_url=store) == reason, changes
 
 
 def test_the_ledger_knows_only_its_own_groups_letters():
