@@ -3,12 +3,12 @@ raised at the next ``flush()``."""
 from __future__ import annotations
 
 import logging
-import time
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, Producer
 
 from streamrft.schemas import Record
 from .dlq import DeadLetter
+from .retry import retrying
 from .serde import Serde
 
 logger = logging.getLogger(__name__)
@@ -87,18 +87,7 @@ class RecordProducer:
         return self._producer
 
     def init_transactions(self, timeout: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._producer.init_transactions(max(1.0, deadline - time.monotonic()))
-                return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if error.retriable() and time.monotonic() < deadline:
-                    logger.info("init_transactions: %s; retrying", error.str())
-                    time.sleep(0.5)
-                    continue
-                raise
+        retrying("init_transactions", self._producer.init_transactions, timeout, pause=0.5)
 
     def close(self, timeout: float = 30.0) -> None:
         """Deliver what is queued (non-transactional producers) and release the client."""

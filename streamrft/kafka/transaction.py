@@ -21,6 +21,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from .consumer import RecordConsumer
 from .producer import RecordProducer
+from .retry import retrying
 
 logger = logging.getLogger(__name__)
 
@@ -91,18 +92,8 @@ class Transactor:
         self.producer.raise_delivery_errors()
 
     def _retrying(self, what: str, call: Callable[[float], None]) -> None:
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                call(max(1.0, deadline - time.monotonic()))
-                return
-            except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if error.retriable() and not error.txn_requires_abort() and time.monotonic() < deadline:
-                    logger.warning("%s: %s; retrying", what, error.str())
-                    time.sleep(0.2)
-                    continue
-                raise
+        # an error that requires an abort is never retried in place: the whole unit is (see run)
+        retrying(what, call, self.timeout, retry_when=lambda e: e.retriable() and not e.txn_requires_abort())
 
     def _abort(self, why: str) -> None:
         """Abort the open transaction, if any (best effort: a fatal producer cannot abort)."""
