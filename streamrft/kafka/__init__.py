@@ -1,4 +1,4 @@
-"""The Kafka client layer: the only part of streamrft that imports ``confluent_kafka``.
+"""The Kafka client layer: with ``streamrft.broker``, the only part of streamrft that imports ``confluent_kafka``.
 
 ``KafkaClients`` builds every client of a run from its config, so role code never assembles librdkafka
 properties itself.

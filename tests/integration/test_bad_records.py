@@ -113,6 +113,10 @@ def test_no_bad_record_stops_a_role_and_each_is_dead_lettered_once(run_config, t
     bad = bad_records()
     injected = {topic: _inject(clients, config, topic, records) for topic, records in bad.items()
                 if topic != "results"}
+    # a well-formed but absurd CANCEL_STEP: honoured, it would cancel every step and nothing would be trained
+    absurd = clients.producer()
+    absurd.produce(config.topic("sync"), SyncSignal(kind=SyncKind.CANCEL_STEP, version=10**6, source="x"))
+    absurd.flush()
     produce_tasks(clients, config, [Task(task_id=f"q{i}", workflow="arithmetic",
                                          payload=json.dumps({"question": "1 + 1", "answer": "2"}))
                                     for i in range(STEPS * 2)])
