@@ -136,14 +136,16 @@ class Explorer:
             self.g_version.set(version)
             ahead_ok = may_publish(step, version, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
             lag = self.clients.lag(self.config.group("trainer"), self.config.topic("experiences")) if ahead_ok else 0
-            if ahead_ok and lag_allows(lag, s.max_buffered_batches, per_step):
+            if ahead_ok and lag is not None and lag_allows(lag, s.max_buffered_batches, per_step):
                 self.g_waiting.set(0)
                 return True
             self.g_waiting.set(1)
             if not logged:
                 need = required_version(step, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
-                logger.info("explorer: step %d waits (%s)", step,
-                            f"weights v{version} < v{need}" if not ahead_ok else f"trainer lag {lag} experiences")
+                why = (f"weights v{version} < v{need}" if not ahead_ok else
+                       "the trainer's lag is unknown: the cluster does not answer" if lag is None else
+                       f"trainer lag {lag} experiences")
+                logger.info("explorer: step %d waits (%s)", step, why)
                 logged = True
             self.sync.poll(POLL_S)
         return False

@@ -5,10 +5,11 @@ properties itself.
 """
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streamrft.schemas import Record
@@ -21,6 +22,10 @@ from .producer import DeliveryError, RecordProducer
 from .props import admin_props, consumer_props, producer_props
 from .serde import Serde
 from .transaction import FatalTransactionError, TransactionFailed, Transactor
+
+logger = logging.getLogger(__name__)
+# errors of a cluster that is (for now) not answering
+_UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
 
 __all__ = [
     "KafkaClients", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter", "dead_letter",
@@ -111,8 +116,17 @@ class KafkaClients:
         topics = list(run_topics(self.config))
         return describe_run(self.admin(), self.probe(), topics, f"{self.config.name}.")
 
-    def lag(self, group: str, topic: str) -> int:
-        return group_lag(self.admin(), self.probe(), group, topic)
+    def lag(self, group: str, topic: str) -> int | None:
+        """Total lag of ``group`` on ``topic``, or None while the cluster does not answer (a broker restart):
+        callers that pace on it wait, rather than stop."""
+        try:
+            return group_lag(self.admin(), self.probe(), group, topic)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.retriable() or error.code() in _UNANSWERED):
+                raise
+            logger.warning("lag of %s on %s unknown for now: %s", group, topic, error.str())
+            return None
 
     def close(self) -> None:
         if self._probe is not None:

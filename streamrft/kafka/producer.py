@@ -29,8 +29,18 @@ class RecordProducer:
     def __init__(self, props: dict, serde: Serde):
         self.serde = serde
         self.transactional = "transactional.id" in props
+        self._props = props
         self._producer = Producer(props)
         self._failures: list[str] = []
+        self._abandoned: list[Producer] = []  # stuck clients, kept referenced: destroying one would block too
+
+    def reopen(self) -> None:
+        """Replace the librdkafka client by a new one with the same properties (and transactional.id). For a
+        client stuck in a call that ignores its timeout: the new one's ``init_transactions`` fences the old
+        one, whose open transaction the broker then aborts. The old client is abandoned, not closed."""
+        self._abandoned.append(self._producer)
+        self._producer = Producer(self._props)
+        self._failures = []
 
     # -- producing ------------------------------------------------------------------------------------------
     def produce(self, topic: str, record: Record, key: str | None = None,

@@ -11,6 +11,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, 
 
 from ..config import KafkaConfig
 from .props import consumer_props
+from .retry import retrying
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,11 @@ def read_to_end(kafka: KafkaConfig, bootstrap: str, topic: str, timeout: float =
         "enable.partition.eof": True}
     consumer = Consumer(props)
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        found = []  # a role that starts while the broker restarts waits for it, up to ``timeout``
+        retrying(f"listing {topic}", lambda t: found.append(consumer.list_topics(topic, timeout=min(t, 10))),
+                 timeout, pause=1.0, retry_when=lambda e: e.retriable() or e.code() in (
+                     KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN))
+        metadata = found[0].topics.get(topic)
         if metadata is None or metadata.error is not None:
             return []
         partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]

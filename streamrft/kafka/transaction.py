@@ -7,6 +7,10 @@ policy for every role:
 - an abortable or retriable Kafka error (``txn_requires_abort``, e.g. the broker restarting) is followed by the
   SAME unit of work again — the same records, the same consumed offsets — under a deadline: the role's
   in-memory state never runs ahead of the topics, and nothing is rewound;
+- a librdkafka call that does not return STUCK_GRACE_S after its own timeout (librdkafka #5456 / #5511:
+  ``send_offsets_to_transaction`` can block for ever once the group coordinator moved, e.g. across a broker
+  restart) is abandoned with its client: the producer is re-created with the same transactional.id, which
+  fences the stuck one, and the same unit runs again on it;
 - anything else is raised after the abort: :class:`FatalTransactionError` when the producer is unusable
   (fenced by a newer instance with the same transactional.id), :class:`TransactionFailed` when the deadline
   passed, or the caller's own exception. The role then stops; its state is in the topics, so a restart resumes.
@@ -14,6 +18,7 @@ policy for every role:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -25,6 +30,9 @@ from .retry import retrying
 
 logger = logging.getLogger(__name__)
 
+STUCK_GRACE_S = 15.0  # past its own timeout, a transaction call is taken as stuck
+MAX_REOPENS = 3  # stuck clients replaced within one unit of work before giving up
+
 
 class FatalTransactionError(RuntimeError):
     """The producer can no longer be used (fenced, or a fatal broker error); restart the role."""
@@ -32,6 +40,10 @@ class FatalTransactionError(RuntimeError):
 
 class TransactionFailed(RuntimeError):
     """A unit of work could not be committed before the deadline; nothing of it is visible."""
+
+
+class ProducerStuck(RuntimeError):
+    """A librdkafka call blocked past its timeout (see the module docstring)."""
 
 
 class Transactor:
@@ -51,12 +63,20 @@ class Transactor:
         """1. begin  2. produce  3. add the consumed offsets  4. commit — retried whole on abortable errors
         until ``timeout``; raises when the unit cannot be committed (see the module docstring)."""
         deadline = time.monotonic() + self.timeout
-        attempt = 0
+        attempt = reopened = 0
         while True:
             attempt += 1
             try:
                 self._attempt(produce)
                 break
+            except ProducerStuck as exc:
+                if reopened >= MAX_REOPENS:
+                    raise TransactionFailed(f"could not commit {what}: {exc}, {reopened} time(s)") from exc
+                reopened += 1
+                logger.error("%s while committing %s; replacing the producer (same transactional.id, which fences "
+                             "the stuck one) and trying the same unit again", exc, what)
+                self._reopen()
+                deadline = time.monotonic() + self.timeout
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 self._abort(f"{what}: {error.str()}")
@@ -93,7 +113,8 @@ class Transactor:
 
     def _retrying(self, what: str, call: Callable[[float], None]) -> None:
         # an error that requires an abort is never retried in place: the whole unit is (see run)
-        retrying(what, call, self.timeout, retry_when=lambda e: e.retriable() and not e.txn_requires_abort())
+        retrying(what, lambda t: _bounded(what, call, t), self.timeout,
+                 retry_when=lambda e: e.retriable() and not e.txn_requires_abort())
 
     def _abort(self, why: str) -> None:
         """Abort the open transaction, if any (best effort: a fatal producer cannot abort)."""
@@ -105,4 +126,32 @@ class Transactor:
             error: KafkaError = exc.args[0]
             if error.code() != KafkaError._STATE and not error.fatal():
                 logger.warning("abort_transaction: %s", error.str())
+        except ProducerStuck as exc:  # a new client fences the stuck one; the broker aborts its transaction
+            logger.error("%s; replacing the producer", exc)
+            self._reopen()
         self.producer.discard_delivery_errors()  # the aborted records are discarded anyway
+
+    def _reopen(self) -> None:
+        self.producer.reopen()
+        self.producer.init_transactions(self.timeout)
+
+
+def _bounded(what: str, call: Callable[[float], None], timeout: float) -> None:
+    """``call(timeout)`` on a helper thread (librdkafka releases the GIL while it blocks); raises ProducerStuck
+    when it has not returned STUCK_GRACE_S after ``timeout``, else whatever it raised."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            call(timeout)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller's thread below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, name=f"txn-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout + STUCK_GRACE_S)
+    if not outcome:
+        raise ProducerStuck(f"{what} has not returned {timeout + STUCK_GRACE_S:.0f}s after a {timeout:.0f}s timeout")
+    if outcome[0] is not None:
+        raise outcome[0]

@@ -43,3 +43,44 @@ def test_an_exception_inside_a_transaction_aborts_it_and_the_next_one_commits(ru
     assert clients.committed(config.group("policy"), tasks) == {(tasks, 0): 3}  # offsets went with the commit
     consumer.close()
     clients.close()
+
+
+def test_a_stuck_transaction_call_is_abandoned_with_its_client_and_the_unit_commits(run_config, monkeypatch):
+    """librdkafka #5456: send_offsets_to_transaction can block past its timeout. Simulated: the first client's
+    call never returns; the Transactor replaces the client (same transactional.id) and commits the unit."""
+    import threading
+
+    from streamrft.kafka import transaction
+
+    monkeypatch.setattr(transaction, "STUCK_GRACE_S", 0.5)
+    config = run_config()
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    metrics = config.topic("metrics")
+    producer = clients.producer(transactional_id=f"{config.name}.stuck")
+    transactor = Transactor(producer, timeout=2.0)
+    stuck_client = producer.raw
+    never = threading.Event()
+    real_commit = type(stuck_client).commit_transaction
+
+    class Stuck:
+        """The first client, whose commit blocks for ever (until the test ends)."""
+
+        def __getattr__(self, name):
+            return getattr(stuck_client, name)
+
+        def commit_transaction(self, timeout):
+            never.wait(30)
+            return real_commit(stuck_client, timeout)
+
+    producer._producer = Stuck()
+    try:
+        transactor.run(lambda p: p.produce(metrics, Metric(source="s", role="r", name="once", value=1.0, step=0)),
+                       "a unit whose commit blocks")
+    finally:
+        never.set()
+    assert producer.raw is not stuck_client and not isinstance(producer.raw, Stuck)
+    names = [clients.serde.decode(raw.value, metrics, Metric).name
+             for raw in read_to_end(config.kafka, clients.bootstrap, metrics)]
+    assert names == ["once"]  # the stuck client's transaction was fenced and aborted: the record once
+    clients.close()
