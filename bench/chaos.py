@@ -661,8 +661,8 @@ def _check_tasks(o: Observed, steps: int, v: Verdict) -> None:
     v.fail("task rolled out twice", [t for t, n in per_task.items() if n > 1])
     v.fail("request for an unknown task", [t for t in per_task if t not in produced])
     v.fail("request published twice", [r for r, n in Counter(r.request_id for r in train).items() if n > 1])
-    v.fail("step out of range", {r.batch_id for r in train if not 0 <= r.batch_id < steps})
-    v.figures.update({"steps": len({r.batch_id for r in train}), "tasks": len(produced), "requests": len(train)})
+    v.fail("step out of range", {r.step for r in train if not 0 <= r.step < steps})
+    v.figures.update({"steps": len({r.step for r in train}), "tasks": len(produced), "requests": len(train)})
 
 
 def _check_results(o: Observed, requests: dict[str, RolloutRequest], v: Verdict) -> dict[str, RolloutResult]:
@@ -679,7 +679,7 @@ def _check_results(o: Observed, requests: dict[str, RolloutRequest], v: Verdict)
     explorer = _last_per_step(o.metrics, "explorer")
     by_step = defaultdict(list)
     for rid, request in requests.items():
-        by_step[request.batch_id].append(rid)
+        by_step[request.step].append(rid)
     declared = 0
     for step, rids in sorted(by_step.items()):
         m = explorer.get(step, {})

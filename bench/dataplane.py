@@ -44,7 +44,7 @@ TOKENS = 1024
 
 def make_experience(i: int) -> Experience:
     rng = np.random.default_rng(i)
-    return Experience(eid=f"req-{i}/0", group_id=f"req-{i}", task_id=f"task-{i}", batch_id=i // 64,
+    return Experience(eid=f"req-{i}/0", group_id=f"req-{i}", task_id=f"task-{i}", step=i // 64,
                       kind=RolloutKind.TRAIN, run_index=0, model_version=1,
                       tokens=pack_i32(rng.integers(0, 49152, TOKENS, dtype=np.int32)), prompt_length=0,
                       logprobs=pack_f32(rng.standard_normal(TOKENS).astype(np.float32)), reward=1.0,

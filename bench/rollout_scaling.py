@@ -45,7 +45,7 @@ def produce_requests(clients: KafkaClients, config, tasks, repeat: int, tag: str
     topic = config.topic("rollouts")
     partitions = config.topics.rollouts.partitions
     for i, task in enumerate(tasks):
-        producer.produce(topic, RolloutRequest(request_id=f"{tag}-{task.task_id}", batch_id=0,
+        producer.produce(topic, RolloutRequest(request_id=f"{tag}-{task.task_id}", step=0,
                                                kind=RolloutKind.TRAIN, task=task, repeat_times=repeat),
                          partition=i % partitions)
     producer.flush()

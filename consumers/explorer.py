@@ -232,7 +232,7 @@ class Explorer:
         min_version = self._min_model_version(step)
         requests = {}
         for epoch, task in batch:
-            request = RolloutRequest(request_id=f"s{step}-e{epoch}-{task.task_id}", batch_id=step,
+            request = RolloutRequest(request_id=f"s{step}-e{epoch}-{task.task_id}", step=step,
                                      kind=RolloutKind.TRAIN, task=task,
                                      repeat_times=task.repeat_times or s.repeat_times,
                                      min_model_version=min_version)
@@ -270,7 +270,7 @@ class Explorer:
             for rid in missing:
                 request = outstanding.requests.get(rid)
                 outstanding.results[rid] = RolloutResult(
-                    request_id=rid, batch_id=outstanding.step, task_id=request.task.task_id if request else "",
+                    request_id=rid, step=outstanding.step, task_id=request.task.task_id if request else "",
                     status=status, n=0, model_version=self.sync.version, duration_ms=0, worker_id=self.source)
         if self.stop.requested and missing:
             return  # the step stays `awaiting` in the state record; a restart finishes it
@@ -306,7 +306,7 @@ class Explorer:
                 if result.request_id in outstanding.requests:
                     outstanding.results[result.request_id] = result
                 else:  # a straggler of a step that was already finished (over-rollout / timeout)
-                    logger.debug("explorer: late result %s of step %d ignored", result.request_id, result.batch_id)
+                    logger.debug("explorer: late result %s of step %d ignored", result.request_id, result.step)
             self.sync.poll(0)
             now = time.monotonic()
             if now - outstanding.started >= self.settings.step_timeout_s:
@@ -354,7 +354,7 @@ class Explorer:
             tasks = self._eval_tasks(taskset)
             requests = {}
             for task in tasks:
-                request = RolloutRequest(request_id=f"eval-{taskset.name}-s{step}-{task.task_id}", batch_id=step,
+                request = RolloutRequest(request_id=f"eval-{taskset.name}-s{step}-{task.task_id}", step=step,
                                          kind=RolloutKind.EVAL, task=task, repeat_times=taskset.repeat_times,
                                          min_model_version=self.sync.version)
                 requests[request.request_id] = request

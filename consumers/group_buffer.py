@@ -17,7 +17,7 @@ class Group:
     """The experiences of one ``group_id`` read so far, by eid (a redelivered duplicate is kept once)."""
 
     group_id: str
-    batch_id: int
+    step: int
     size: int
     first_seen: float
     items: dict[str, Delivered[Experience]] = field(default_factory=dict)
@@ -46,7 +46,7 @@ class GroupBuffer:
         exp = item.record
         group = self.groups.get(exp.group_id)
         if group is None:
-            group = self.groups[exp.group_id] = Group(exp.group_id, exp.batch_id,
+            group = self.groups[exp.group_id] = Group(exp.group_id, exp.step,
                                                       exp.group_size or self.default_group_size,
                                                       time.monotonic() if now is None else now)
         if exp.eid in group.items:
@@ -56,13 +56,13 @@ class GroupBuffer:
 
     def complete_groups(self) -> list[Group]:
         """Complete groups, oldest step first, then in arrival order."""
-        return sorted((g for g in self.groups.values() if g.complete), key=lambda g: (g.batch_id, g.first_seen))
+        return sorted((g for g in self.groups.values() if g.complete), key=lambda g: (g.step, g.first_seen))
 
     def incomplete_groups(self) -> list[Group]:
         return [g for g in self.groups.values() if not g.complete]
 
-    def max_batch_id(self) -> int:
-        return max((g.batch_id for g in self.groups.values()), default=-1)
+    def max_step(self) -> int:
+        return max((g.step for g in self.groups.values()), default=-1)
 
     def remove(self, groups: Iterable[Group]) -> None:
         for group in groups:

@@ -185,7 +185,7 @@ class RolloutWorker:
         runnable = []
         for item in items:
             request = item.record
-            if request.kind == RolloutKind.TRAIN and request.batch_id <= self.sync.cancelled_step:  # 1.
+            if request.kind == RolloutKind.TRAIN and request.step <= self.sync.cancelled_step:  # 1.
                 outcomes.append(self._cancelled(request))
             elif (why := self._over_limit(request)) is not None:  # 2.
                 outcomes.append(self._failed(item, why, "over-limit"))
@@ -210,18 +210,18 @@ class RolloutWorker:
                 if letter is not None:
                     producer.send_dead_letter(letter)
             samples = sum(len(experiences) for experiences, _, _ in outcomes)
-            self.runtime.metrics.publish(max(i.record.batch_id for i in items), {
+            self.runtime.metrics.publish(max(i.record.step for i in items), {
                 "rollout_worker/batch_ms": elapsed_ms, "rollout_worker/requests": len(items),
                 "rollout_worker/samples": samples,
                 "rollout_worker/samples_per_s": samples / max(elapsed_ms / 1000, 1e-6)})
 
-        self.runtime.transaction(produce, f"{len(items)} request(s) of step {items[0].record.batch_id}")
+        self.runtime.transaction(produce, f"{len(items)} request(s) of step {items[0].record.step}")
         self.handled += len(items)
         self.c_busy.inc(time.monotonic() - started)
         for _, result, _ in outcomes:
             self.c_requests.labels(result.status.value).inc()
             logger.info("%s: %s %s (step %d) -> %s, reward %.2f", self.worker_id, result.kind.value.lower(),
-                        result.request_id, result.batch_id, result.status.value, result.reward_mean)
+                        result.request_id, result.step, result.status.value, result.reward_mean)
 
     def _over_limit(self, request: RolloutRequest) -> str | None:
         try:
@@ -266,7 +266,7 @@ class RolloutWorker:
         if request.kind == RolloutKind.TRAIN:  # eval rollouts produce results and metrics only
             experiences = [
                 sample.to_experience(eid=f"{request.request_id}/{index}", group_id=request.request_id,
-                                     task_id=request.task.task_id, batch_id=request.batch_id, kind=request.kind,
+                                     task_id=request.task.task_id, step=request.step, kind=request.kind,
                                      run_index=index, worker_id=self.worker_id, model_version=self.engine.version)
                 for index, sample in enumerate(samples)
             ]
@@ -292,7 +292,7 @@ class RolloutWorker:
                 error: str | None = None) -> RolloutResult:
         rewards = [s.reward for s in samples] or [0.0]
         return RolloutResult(
-            request_id=request.request_id, batch_id=request.batch_id, task_id=request.task.task_id,
+            request_id=request.request_id, step=request.step, task_id=request.task.task_id,
             kind=request.kind, status=status, n=len(samples), model_version=self.engine.version, duration_ms=0,
             reward_mean=statistics.fmean(rewards), reward_std=statistics.pstdev(rewards),
             reward_min=min(rewards), reward_max=max(rewards),

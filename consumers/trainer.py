@@ -4,7 +4,7 @@ replay / fan-out trainer takes a group of its own with ``--group``).
 Each pass of ``run``, read as numbered steps:
 1. poll ``experiences`` (read_committed) into the group buffer (one GRPO group = one ``group_id``);
 2. drop groups still incomplete after ``group_timeout_s``;
-3. pick a batch: ``groups_per_train_step`` complete groups, oldest ``batch_id`` first — or a short batch once
+3. pick a batch: ``groups_per_train_step`` complete groups, oldest ``step`` first — or a short batch once
    the explorer has finished every step in the buffer and everything it wrote is read (failed or cancelled
    tasks leave a step with fewer groups; waiting for them would deadlock ``fixed`` pacing);
 4. apply the staleness bound (drop or importance-correct), run one optimiser step, note the eids in the audit;
@@ -271,7 +271,7 @@ class Trainer:
         """The explorer has finished every step in the buffer, all it wrote is read, and no group of those
         steps is still incomplete: no more groups can come for them."""
         explorer = self.sync.explorer
-        if explorer.finished_step < self.buffer.max_batch_id() or self.buffer.incomplete_groups():
+        if explorer.finished_step < self.buffer.max_step() or self.buffer.incomplete_groups():
             return False
         return self._read_everything_written()
 

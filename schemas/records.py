@@ -123,7 +123,7 @@ class RolloutRequest(Record):
     }
 
     request_id: str
-    batch_id: int
+    step: int
     kind: RolloutKind
     task: Task
     repeat_times: int
@@ -144,7 +144,7 @@ class Experience(Record):
     eid: str
     group_id: str
     task_id: str
-    batch_id: int
+    step: int
     kind: RolloutKind
     run_index: int
     model_version: int
@@ -201,7 +201,7 @@ class RolloutResult(Record):
     }
 
     request_id: str
-    batch_id: int
+    step: int
     task_id: str
     status: RolloutStatus
     n: int

@@ -62,7 +62,7 @@ def check_task(task: Task, max_bytes: int | None = None) -> None:
 
 def check_request(request: RolloutRequest, max_task_bytes: int | None = None) -> None:
     _check_id(request.request_id, "request_id")
-    _check_count(request.batch_id, f"request {request.request_id!r}: batch_id")
+    _check_count(request.step, f"request {request.request_id!r}: step")
     _check_count(request.repeat_times, f"request {request.request_id!r}: repeat_times", minimum=1)
     _check_count(request.min_model_version, f"request {request.request_id!r}: min_model_version")
     check_task(request.task, max_task_bytes)
@@ -76,7 +76,7 @@ def check_experience(experience: Experience, vocab_size: int | None = None, max_
     _check_id(e.eid, "eid")
     _check_id(e.group_id, f"experience {e.eid!r}: group_id")
     where = f"experience {e.eid!r}"
-    _check_count(e.batch_id, f"{where}: batch_id")
+    _check_count(e.step, f"{where}: step")
     _check_count(e.model_version, f"{where}: model_version")
     _check_count(e.run_index, f"{where}: run_index")
     _check_count(e.group_size, f"{where}: group_size")
@@ -112,7 +112,7 @@ def check_result(result: RolloutResult) -> None:
     _check_id(result.request_id, "request_id")
     if result.error is not None and len(result.error) > MAX_ERROR_CHARS:
         _fail("oversized", f"result {result.request_id!r}: error text of {len(result.error):,} characters")
-    _check_count(result.batch_id, f"result {result.request_id!r}: batch_id")
+    _check_count(result.step, f"result {result.request_id!r}: step")
     _check_count(result.n, f"result {result.request_id!r}: n")
     for name in ("reward_mean", "reward_std", "reward_min", "reward_max", "accuracy", "response_length_mean"):
         if not math.isfinite(getattr(result, name)):

@@ -112,7 +112,7 @@ def test_ctrl_c_then_resume_continues_without_repeating_tasks(tmp_path, tiny_mod
         requests = _read(config, bootstrap, "rollouts", RolloutRequest)
         per_task = Counter(r.task.task_id for r in requests)
         assert len(per_task) == 24 and set(per_task.values()) == {1}  # no task published twice
-        assert sorted({r.batch_id for r in requests}) == list(range(6))  # the step counter continued
+        assert sorted({r.step for r in requests}) == list(range(6))  # the step counter continued
         results = _read(config, bootstrap, "results", RolloutResult)
         assert Counter(r.request_id for r in results if r.status == RolloutStatus.OK).most_common(1)[0][1] == 1
 

@@ -32,7 +32,7 @@ def _task(task_id="t", payload="{}") -> Task:
 
 
 def _experience(**changes) -> Experience:
-    fields = dict(eid="x/0", group_id="x", task_id="x", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+    fields = dict(eid="x/0", group_id="x", task_id="x", step=0, kind=RolloutKind.TRAIN, run_index=0,
                   model_version=0, tokens=pack_i32([5, 6, 7, 8]), prompt_length=2, logprobs=pack_f32([-1, -1]),
                   reward=1.0, group_size=4)
     return Experience(**{**fields, **changes})
@@ -48,23 +48,23 @@ def bad_records() -> dict[str, dict[str, tuple[bytes, bytes]]]:
                 "oversized": (b"oversized", CODEC.encode(oversized))}
 
     metric = Metric(source="s", role="r", name="n", value=1.0, step=0)
-    request = RolloutRequest(request_id="r-ok", batch_id=0, kind=RolloutKind.TRAIN, task=_task(), repeat_times=4)
-    result = RolloutResult(request_id="nobody", batch_id=0, task_id="t", status=RolloutStatus.OK, n=4,
+    request = RolloutRequest(request_id="r-ok", step=0, kind=RolloutKind.TRAIN, task=_task(), repeat_times=4)
+    result = RolloutResult(request_id="nobody", step=0, task_id="t", status=RolloutStatus.OK, n=4,
                            model_version=0, duration_ms=1)
     return {
         "tasks": same(_task("key-test"), metric, _task("", "{}"), _task("big", json.dumps({"q": "x" * 8000}))),
         "rollouts": same(request, metric,
-                         RolloutRequest(request_id="neg", batch_id=-5, kind=RolloutKind.TRAIN, task=_task(),
+                         RolloutRequest(request_id="neg", step=-5, kind=RolloutKind.TRAIN, task=_task(),
                                         repeat_times=4),
-                         RolloutRequest(request_id="big", batch_id=0, kind=RolloutKind.TRAIN,
+                         RolloutRequest(request_id="big", step=0, kind=RolloutKind.TRAIN,
                                         task=_task("big", json.dumps({"q": "x" * 8000})), repeat_times=4)),
         "experiences": same(_experience(), metric, _experience(eid="bad/0", prompt_length=9),
                             _experience(eid="long/0", tokens=pack_i32([5] * 2000),
                                         logprobs=pack_f32([-1.0] * 1998))),
         "results": same(result, metric,
-                        RolloutResult(request_id="nan", batch_id=0, task_id="t", status=RolloutStatus.OK, n=4,
+                        RolloutResult(request_id="nan", step=0, task_id="t", status=RolloutStatus.OK, n=4,
                                       model_version=0, duration_ms=1, reward_mean=float("nan")),
-                        RolloutResult(request_id="big", batch_id=0, task_id="t", status=RolloutStatus.FAILED,
+                        RolloutResult(request_id="big", step=0, task_id="t", status=RolloutStatus.FAILED,
                                       n=0, model_version=0, duration_ms=1, error="e" * 100_000)),
         "sync": same(SyncSignal(kind=SyncKind.CANCEL_STEP, version=10**9), metric,
                      SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{not json"),

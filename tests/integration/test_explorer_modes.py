@@ -106,6 +106,6 @@ def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
     requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
     by_step = {}
     for request in requests:
-        by_step.setdefault(request.batch_id, set()).add(request.task.task_id)
+        by_step.setdefault(request.step, set()).add(request.task.task_id)
     assert by_step == {0: {t.task_id for t in first}, 1: {t.task_id for t in later}}
     clients.close()

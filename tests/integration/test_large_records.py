@@ -15,7 +15,7 @@ pytestmark = pytest.mark.kafka
 
 def _experience(i: int, tokens: int) -> Experience:
     rng = np.random.default_rng(i)
-    return Experience(eid=f"r/{i}", group_id="r", task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=i,
+    return Experience(eid=f"r/{i}", group_id="r", task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=i,
                       model_version=0, tokens=pack_i32(rng.integers(0, 50_000, tokens, dtype=np.int32)),
                       prompt_length=0, logprobs=pack_f32(rng.standard_normal(tokens).astype(np.float32)),
                       reward=float(i))

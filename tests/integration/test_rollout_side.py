@@ -46,7 +46,7 @@ def test_explorer_and_two_workers_account_for_every_sample(run_config, tiny_mode
     assert set(group_sizes(experiences).values()) == {4}
     assert all(e.group_size == 4 and e.response_length > 0 for e in experiences)
     assert len(results) == 24 and {r.status for r in results} == {RolloutStatus.OK}
-    assert sorted({r.batch_id for r in results}) == [0, 1, 2]
+    assert sorted({r.step for r in results}) == [0, 1, 2]
     assert {e.worker_id for e in experiences} == {"w0", "w1"}  # both group members took work
     assert explorer.result.done and explorer.result.next_step == 3
     clients.close()
@@ -125,7 +125,7 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
 
     assert explorer.result.done and explorer.result.next_step == 2
     experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience)
-    assert {e.batch_id: e.model_version for e in experiences} == {0: 0, 1: 1}
+    assert {e.step: e.model_version for e in experiences} == {0: 0, 1: 1}
     for name, tensor in new_weights.items():
         assert torch.equal(served[name], tensor), name
     clients.close()

@@ -73,7 +73,7 @@ def make_group(step: int, index: int, size: int = 4, version: int | None = None,
     out = []
     for run in range(size):
         response = [rng.randrange(3, 90) for _ in range(3)]
-        out.append(Experience(eid=f"{group_id}/{run}", group_id=group_id, task_id=f"t{index}", batch_id=step,
+        out.append(Experience(eid=f"{group_id}/{run}", group_id=group_id, task_id=f"t{index}", step=step,
                               kind=RolloutKind.TRAIN, run_index=run, model_version=version,
                               tokens=pack_i32(PROMPT + response), prompt_length=len(PROMPT),
                               logprobs=pack_f32([-4.5] * 3), reward=float(run % 2 == rng.randrange(2)),
@@ -131,7 +131,7 @@ def test_group_buffer_completes_orders_and_holds_offsets():
     for item in items["s1-t0"] + items["s0-t1"][:3] + items["s0-t2"]:
         assert buffer.add(item, now=0.0)
     assert not buffer.add(items["s1-t0"][0])  # duplicate eid
-    assert [g.group_id for g in buffer.complete_groups()] == ["s0-t2", "s1-t0"]  # oldest batch_id first
+    assert [g.group_id for g in buffer.complete_groups()] == ["s0-t2", "s1-t0"]  # oldest step first
     assert [g.group_id for g in buffer.expired(now=5.0, timeout_s=5.0)] == ["s0-t1"]
     assert buffer.low_water() == {("x", 0): 10, ("x", 1): 20}
     buffer.remove(buffer.complete_groups())

@@ -56,10 +56,10 @@ arrays_f32 = st.one_of(
 
 tasks = st.builds(Task, task_id=text, workflow=text, payload=text, taskset=text,
                   reward_fn=st.none() | text, repeat_times=st.none() | int32, created_at=millis)
-requests = st.builds(RolloutRequest, request_id=text, batch_id=long, kind=st.sampled_from(RolloutKind), task=tasks,
+requests = st.builds(RolloutRequest, request_id=text, step=long, kind=st.sampled_from(RolloutKind), task=tasks,
                      repeat_times=int32, min_model_version=long, deadline_ms=st.none() | millis, created_at=millis)
 experiences = st.builds(
-    Experience, eid=text, group_id=text, task_id=text, batch_id=long, kind=st.sampled_from(RolloutKind),
+    Experience, eid=text, group_id=text, task_id=text, step=long, kind=st.sampled_from(RolloutKind),
     run_index=int32, model_version=long, tokens=arrays_i32, prompt_length=int32, logprobs=arrays_f32,
     reward=double, group_size=int32, action_mask=st.none() | st.lists(st.integers(0, 1), max_size=64).map(pack_u8),
     token_rewards=st.none() | arrays_f32, truncated=st.booleans(), prompt_text=text, response_text=text,
@@ -67,7 +67,7 @@ experiences = st.builds(
     worker_id=text, created_at=millis,
 )
 results = st.builds(
-    RolloutResult, request_id=text, batch_id=long, task_id=text, status=st.sampled_from(RolloutStatus), n=int32,
+    RolloutResult, request_id=text, step=long, task_id=text, status=st.sampled_from(RolloutStatus), n=int32,
     model_version=long, duration_ms=long, kind=st.sampled_from(RolloutKind), reward_mean=double,
     reward_std=double, reward_min=double, reward_max=double, accuracy=double, response_length_mean=double,
     error=st.none() | text, worker_id=text, created_at=millis,
@@ -97,7 +97,7 @@ def test_nan_round_trips():
 def test_packed_arrays_round_trip_through_numpy():
     tokens = np.arange(-5, 100_000, dtype=np.int32)
     logprobs = np.random.default_rng(0).standard_normal(100_000).astype(np.float32)
-    exp = Experience(eid="e", group_id="g", task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+    exp = Experience(eid="e", group_id="g", task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=0,
                      model_version=0, tokens=pack_i32(tokens), prompt_length=5, logprobs=pack_f32(logprobs),
                      reward=0.5)
     back = CODEC.decode(CODEC.encode(exp), Experience)
@@ -197,10 +197,10 @@ def test_every_added_field_has_a_default():
     """Fields beyond each record's required core must carry defaults, or old writers break new readers."""
     required = {
         "Task": {"task_id", "workflow", "payload", "created_at"},
-        "RolloutRequest": {"request_id", "batch_id", "kind", "task", "repeat_times", "created_at"},
-        "Experience": {"eid", "group_id", "task_id", "batch_id", "kind", "run_index", "model_version", "tokens",
+        "RolloutRequest": {"request_id", "step", "kind", "task", "repeat_times", "created_at"},
+        "Experience": {"eid", "group_id", "task_id", "step", "kind", "run_index", "model_version", "tokens",
                        "prompt_length", "logprobs", "reward", "created_at"},
-        "RolloutResult": {"request_id", "batch_id", "task_id", "status", "n", "model_version", "duration_ms",
+        "RolloutResult": {"request_id", "step", "task_id", "status", "n", "model_version", "duration_ms",
                           "created_at"},
         "SyncSignal": {"kind", "version", "created_at"},
         "Metric": {"source", "role", "name", "value", "step", "created_at"},
@@ -235,3 +235,21 @@ def test_records_of_earlier_schema_versions_still_decode():
     payload = b"\xc3\x01" + fingerprint64(old) + body.getvalue()
     signal = SingleObjectCodec().decode(payload, SyncSignal)
     assert signal.version == 4 and signal.lineage == ""
+
+
+def test_a_record_written_with_batch_id_decodes_into_step():
+    """``batch_id`` was renamed ``step`` (it always was the explorer step); the field carries the old name as an
+    alias, so records written by an older release decode with their step intact."""
+    import io
+
+    from fastavro import schemaless_writer
+
+    from streamrft.schemas.contract import fingerprint64, parsed, previous_schemas
+
+    old = dict(previous_schemas())["RolloutResult"]
+    assert "batch_id" in {f["name"] for f in old["fields"]}
+    body = io.BytesIO()
+    schemaless_writer(body, parsed(old), {"request_id": "r", "batch_id": 12, "task_id": "t", "status": "OK", "n": 2,
+                                          "model_version": 3, "duration_ms": 5, "created_at": 1})
+    result = SingleObjectCodec().decode(b"\xc3\x01" + fingerprint64(old) + body.getvalue(), RolloutResult)
+    assert result.step == 12 and result.request_id == "r"

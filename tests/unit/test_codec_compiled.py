@@ -106,7 +106,7 @@ def test_truncation_at_every_offset_is_a_typed_error(record):
 
 
 def test_truncation_of_a_large_experience_is_a_typed_error():
-    exp = Experience(eid="e" * 200, group_id="g", task_id="t", batch_id=1, kind=RolloutKind.EVAL, run_index=0,
+    exp = Experience(eid="e" * 200, group_id="g", task_id="t", step=1, kind=RolloutKind.EVAL, run_index=0,
                      model_version=1, tokens=pack_i32(np.arange(20_000)), prompt_length=3,
                      logprobs=pack_f32(np.ones(20_000, dtype=np.float32)), reward=0.5,
                      metrics={"a": 1.0}, info={"é": "ü" * 300}, response_text="日本" * 100)
@@ -155,7 +155,7 @@ def test_maps_in_several_blocks_and_with_negative_counts_decode():
 
 
 def test_experience_maps_in_blocks_decode():
-    exp = Experience(eid="e", group_id="g", task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+    exp = Experience(eid="e", group_id="g", task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=0,
                      model_version=0, tokens=b"", prompt_length=0, logprobs=b"", reward=0.0,
                      metrics={"x": 1.0, "y": -2.0}, created_at=5)
     one_block = CODEC.encode(exp)
@@ -179,10 +179,10 @@ def test_garbage_is_a_decode_error_not_a_truncation(payload, message):
 
 
 def test_bad_enum_union_and_boolean_bytes_are_decode_errors():
-    request = RolloutRequest(request_id="r", batch_id=0, kind=RolloutKind.EVAL, task=Task("t", "w", "{}"),
+    request = RolloutRequest(request_id="r", step=0, kind=RolloutKind.EVAL, task=Task("t", "w", "{}"),
                              repeat_times=1, created_at=1)
     data = CODEC.encode(request)
-    kind_at = HEADER_SIZE + 2 + 1  # after request_id ("r") and batch_id (0)
+    kind_at = HEADER_SIZE + 2 + 1  # after request_id ("r") and step (0)
     assert data[kind_at] == 2  # EVAL
     for bad, message in ((4, "enum index 2"), (1, "enum index -1"), (0x84, "enum index 2")):
         payload = data[:kind_at] + bytes([bad]) + (b"\x00" if bad & 0x80 else b"") + data[kind_at + 1:]
@@ -193,7 +193,7 @@ def test_bad_enum_union_and_boolean_bytes_are_decode_errors():
     assert data[-4:] == b"\x02\x00\x00\x02"
     with pytest.raises(DecodeError, match="deadline_ms: union index"):
         CODEC.decode(data[:-2] + b"\x04" + data[-1:])
-    exp = CODEC.encode(Experience(eid="", group_id="", task_id="", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+    exp = CODEC.encode(Experience(eid="", group_id="", task_id="", step=0, kind=RolloutKind.TRAIN, run_index=0,
                                   model_version=0, tokens=b"", prompt_length=0, logprobs=b"", reward=0.0,
                                   truncated=True, created_at=0))
     truncated_at = exp.index(b"\x01", HEADER_SIZE + 3 + 6 + 8)  # after the strings, ints, bytes, nulls and reward
@@ -213,11 +213,11 @@ def test_random_bodies_decode_to_what_fastavro_reads_or_fail_typed(name, body):
 
 
 def test_values_the_generated_encoder_refuses_go_to_fastavro():
-    base = dict(eid="e", group_id="g", task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+    base = dict(eid="e", group_id="g", task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=0,
                 model_version=0, tokens=b"\x01\x00\x00\x00", prompt_length=0, logprobs=b"", reward=0.0,
                 created_at=1)
     # numpy scalars, a bytearray, a plain string for an enum: fastavro writes them; so must the codec, identically
-    odd = Experience(**{**base, "batch_id": np.int64(2**40), "run_index": np.int32(3), "reward": np.float32(0.5),
+    odd = Experience(**{**base, "step": np.int64(2**40), "run_index": np.int32(3), "reward": np.float32(0.5),
                         "tokens": bytearray(b"\x01\x00\x00\x00"), "kind": "EVAL", "created_at": np.int64(5)})
     assert CODEC.encode(odd) == _fastavro_bytes(odd)
     # wrong types are fastavro's errors, naming the field
@@ -228,7 +228,7 @@ def test_values_the_generated_encoder_refuses_go_to_fastavro():
     with pytest.raises(ValueError, match="not in list"):
         CODEC.encode(Experience(**{**base, "kind": "TEST"}))
     with pytest.raises(OverflowError):
-        CODEC.encode(Experience(**{**base, "batch_id": 2**63}))
+        CODEC.encode(Experience(**{**base, "step": 2**63}))
     with pytest.raises(ValueError, match="repeat_times"):  # a union's int must fit 32 bits and not be a bool
         CODEC.encode(Task(task_id="t", workflow="w", payload="{}", repeat_times=2**31))
     with pytest.raises(ValueError, match="repeat_times"):

@@ -54,7 +54,7 @@ def test_sequential_keeps_topic_order_and_shuffle_is_a_seeded_permutation():
 def test_difficulty_prefers_tasks_nearest_a_half_pass_rate():
     selector = Selector("difficulty")
     for task_id, accuracy in (("t0", 1.0), ("t1", 0.0), ("t2", 0.6)):
-        selector.observe(RolloutResult(request_id=task_id, batch_id=0, task_id=task_id, status=RolloutStatus.OK,
+        selector.observe(RolloutResult(request_id=task_id, step=0, task_id=task_id, status=RolloutStatus.OK,
                                        n=4, model_version=0, duration_ms=1, accuracy=accuracy))
     order = [t.task_id for t in selector.order(_tasks(4), 0, 0)]
     assert order[:2] == ["t3", "t2"]  # unseen (0.5) first, then 0.6; solved and hopeless last
@@ -67,7 +67,7 @@ def test_unknown_selector_is_refused():
 
 
 def _result(rid, status=RolloutStatus.OK, n=4, mean=0.5, std=0.5, low=0.0, high=1.0, acc=0.5, version=0):
-    return RolloutResult(request_id=rid, batch_id=3, task_id=rid, status=status, n=n, model_version=version,
+    return RolloutResult(request_id=rid, step=3, task_id=rid, status=status, n=n, model_version=version,
                          duration_ms=100, reward_mean=mean, reward_std=std, reward_min=low, reward_max=high,
                          accuracy=acc, response_length_mean=10.0)
 

@@ -13,7 +13,7 @@ from streamrft.schemas import Experience, RolloutKind, Task, pack_f32, pack_i32
 
 
 def _experience() -> Experience:
-    return Experience(eid="e/0", group_id="g", task_id="t", batch_id=3, kind=RolloutKind.TRAIN, run_index=0,
+    return Experience(eid="e/0", group_id="g", task_id="t", step=3, kind=RolloutKind.TRAIN, run_index=0,
                       model_version=2, tokens=pack_i32(np.arange(10)), prompt_length=4,
                       logprobs=pack_f32(np.full(6, -0.5)), reward=1.0, metrics={"len": 6.0}, created_at=1_800_000_000_123)
 

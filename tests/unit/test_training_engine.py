@@ -29,7 +29,7 @@ def make_exp(tokens, prompt_length, reward=0.0, group="g", logprobs=None, action
              version=0, eid="e"):
     n = len(tokens) - prompt_length
     return Experience(
-        eid=eid, group_id=group, task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+        eid=eid, group_id=group, task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=0,
         model_version=version, tokens=pack_i32(tokens), prompt_length=prompt_length,
         logprobs=pack_f32(logprobs if logprobs is not None else [-1.0] * n), reward=reward,
         action_mask=None if action_mask is None else pack_u8(action_mask),

@@ -16,7 +16,7 @@ from streamrft.validation import (ExplorerState, check_experience, check_metric,
 
 
 def experience(**changes) -> Experience:
-    fields = dict(eid="g/0", group_id="g", task_id="t", batch_id=0, kind=RolloutKind.TRAIN, run_index=0,
+    fields = dict(eid="g/0", group_id="g", task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=0,
                   model_version=0, tokens=pack_i32([1, 2, 3, 4, 5]), prompt_length=2,
                   logprobs=pack_f32([-0.5, -1.0, -2.0]), reward=1.0)
     return Experience(**{**fields, **changes})
@@ -73,10 +73,10 @@ def test_bad_tasks_are_refused(task, reason):
 
 def test_requests_results_and_metrics():
     good = Task(task_id="t", workflow="w", payload="{}")
-    check_request(RolloutRequest(request_id="r", batch_id=0, kind=RolloutKind.TRAIN, task=good, repeat_times=2))
-    bad = RolloutRequest(request_id="r", batch_id=-1, kind=RolloutKind.TRAIN, task=good, repeat_times=2)
+    check_request(RolloutRequest(request_id="r", step=0, kind=RolloutKind.TRAIN, task=good, repeat_times=2))
+    bad = RolloutRequest(request_id="r", step=-1, kind=RolloutKind.TRAIN, task=good, repeat_times=2)
     assert reason_of(check_request, bad) == "out-of-range"
-    result = RolloutResult(request_id="r", batch_id=0, task_id="t", status=RolloutStatus.OK, n=1, model_version=0,
+    result = RolloutResult(request_id="r", step=0, task_id="t", status=RolloutStatus.OK, n=1, model_version=0,
                            duration_ms=1)
     check_result(result)
     result.accuracy = float("nan")

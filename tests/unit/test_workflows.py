@@ -214,7 +214,7 @@ def test_to_experience_packs_everything() -> None:
         model_version=4,
     )
     exp = sample.to_experience(
-        eid="e", group_id="g", task_id="t", batch_id=3, kind=RolloutKind.TRAIN, run_index=1, worker_id="w"
+        eid="e", group_id="g", task_id="t", step=3, kind=RolloutKind.TRAIN, run_index=1, worker_id="w"
     )
     assert unpack_i32(exp.tokens).tolist() == [1, 2, 3, 4, 5]
     assert unpack_f32(exp.logprobs).tolist() == [-0.5, -1.0, 0.0]
