@@ -1,7 +1,7 @@
 """The staleness bound on the trainer side: what to do with experiences sampled by an old policy.
 
 An experience is *stale* when ``model_version < current_version − max_staleness``. Policy ``drop`` removes it
-(and counts it); ``correct`` keeps it and marks it for truncated importance-sampling correction
+(and counts it); ``importance_weight`` keeps it and marks it for truncated importance-sampling correction
 (:mod:`.importance`) against the current policy.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Generic, Protocol, TypeVar
 
 class StalenessPolicy(StrEnum):
     DROP = "drop"
-    CORRECT = "correct"
+    IMPORTANCE_WEIGHT = "importance_weight"
 
 
 class _Versioned(Protocol):

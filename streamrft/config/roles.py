@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from streamrft.engines.training.settings import AlgorithmSettings, OptimizerSettings
 
@@ -145,7 +145,8 @@ class TrainerConfig(OptimizerSettings, Section):
     train_batch_size: int | None = Field(default=None, ge=1,
                                          description="experiences per step; default batch_size × repeat_times")
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    staleness_policy: Literal["drop", "correct"] = "drop"
+    staleness_policy: Literal["drop", "importance_weight"] = Field(
+        default="drop", description="stale experiences: drop them, or keep them importance-weighted (truncated IS)")
     group_timeout_s: float = Field(default=600.0, gt=0)
     save_interval: int = Field(default=10, ge=1)
     checkpoint_dir: str = "runs/{name}/checkpoints"
@@ -153,6 +154,12 @@ class TrainerConfig(OptimizerSettings, Section):
     weights: WeightSyncConfig = WeightSyncConfig()
     device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
     metrics_port: int | None = 9103
+
+    @field_validator("staleness_policy", mode="before")
+    @classmethod
+    def _old_policy_name(cls, value):
+        # 'correct' was this value's name before 0.2; 'correct' now only means a right answer
+        return "importance_weight" if value == "correct" else value
 
 
 class MonitorConfig(Section):

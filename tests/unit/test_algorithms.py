@@ -207,7 +207,7 @@ def test_staleness_drop_and_correct():
     dropped = apply_staleness(exps, current_version=5, max_staleness=2, policy="drop")
     assert [e.model_version for e in dropped.kept] == [5, 3, 4]
     assert (dropped.dropped, dropped.stale, dropped.max_lag) == (1, 1, 3)
-    corrected = apply_staleness(exps, current_version=5, max_staleness=2, policy=StalenessPolicy.CORRECT)
+    corrected = apply_staleness(exps, current_version=5, max_staleness=2, policy=StalenessPolicy.IMPORTANCE_WEIGHT)
     assert [e.model_version for e in corrected.kept] == [5, 3, 2, 4]
     assert corrected.needs_correction == [False, False, True, False]
     assert (corrected.dropped, corrected.stale) == (0, 1)

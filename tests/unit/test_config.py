@@ -257,3 +257,11 @@ def test_training_knob_mistakes_fail_at_load_with_the_key():
         load_config(overrides={"trainer": {"algorithm": {"advantage_params": {"gama": 1}}}}, env={})
     with pytest.raises(ConfigError, match=r"trainer: betas must both be in \[0, 1\)"):
         load_config(overrides={"trainer": {"betas": [0.9, 1.5]}}, env={})
+
+
+def test_the_staleness_policy_that_keeps_stale_experiences_is_importance_weight():
+    """'correct' means a right answer everywhere else; the policy's old name still loads, as its new one."""
+    assert load_config(overrides={"trainer": {"staleness_policy": "correct"}}, env={}).trainer.staleness_policy \
+        == "importance_weight"
+    assert load_config(overrides={"trainer": {"staleness_policy": "importance_weight"}},
+                       env={}).trainer.staleness_policy == "importance_weight"
