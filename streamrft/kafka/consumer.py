@@ -69,6 +69,7 @@ class RecordConsumer(Generic[R]):
         self.rejected = 0  # bad records skipped, whether sent now, already sent before, or owned by another reader
         # partitions whose end was reached (needs enable.partition.eof); cleared when a record arrives
         self.at_eof: set[tuple[str, int]] = set()
+        self.assigned: set[tuple[str, int]] = set()  # this member's partitions, as of the last rebalance
         if subscribe:
             self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
@@ -76,10 +77,12 @@ class RecordConsumer(Generic[R]):
     # -- rebalance ------------------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         logger.info("%s assigned %s", self.group_id, _describe(partitions))
+        self.assigned.update((tp.topic, tp.partition) for tp in partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         logger.info("%s revoked %s", self.group_id, _describe(partitions))
         for tp in partitions:
+            self.assigned.discard((tp.topic, tp.partition))
             self._pending.pop((tp.topic, tp.partition), None)
             self.at_eof.discard((tp.topic, tp.partition))
 

@@ -32,6 +32,7 @@ def test_explorer_and_two_workers_account_for_every_sample(run_config, tiny_mode
 
     workers = [RoleThread(f"worker-{i}", lambda stop, i=i: RolloutWorker(config, clients, stop, f"w{i}")).start()
                for i in range(2)]
+    _wait_until_both_hold_partitions(workers, 120)  # else one member can drain all 3 quick steps alone
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
     wait_for(explorer, workers, 240)
     for worker in workers:
@@ -50,6 +51,16 @@ def test_explorer_and_two_workers_account_for_every_sample(run_config, tiny_mode
     assert {e.worker_id for e in experiences} == {"w0", "w1"}  # both group members took work
     assert explorer.result.done and explorer.result.next_step == 3
     clients.close()
+
+
+def _wait_until_both_hold_partitions(workers, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not all(w.role is not None and w.role.consumer.assigned for w in workers):
+        assert all(w.error is None for w in workers), [w.error for w in workers]
+        assert time.monotonic() < deadline, "the rollout group never gave both workers partitions"
+        time.sleep(0.2)
 
 
 def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir):
