@@ -54,12 +54,15 @@ def default_worker_id() -> str:
 
 
 def build_engine(config: RunConfig) -> InferenceEngine:
+    """The configured engine; the common options (batch size, dtype, device) mapped onto each engine's names."""
     settings = config.rollout
     if settings.engine == "fake":
         return create_engine("fake", latency_s=settings.fake_latency_s)
-    kwargs = {"max_batch_size": settings.max_batch_size, "dtype": config.model.dtype}
-    if settings.device != "auto":
-        kwargs["device"] = settings.device
+    kwargs = {"dtype": config.model.dtype, "device": settings.device}
+    if settings.engine == "vllm":
+        kwargs.update(settings.vllm.model_dump(), max_num_seqs=settings.max_batch_size)
+    else:
+        kwargs["max_batch_size"] = settings.max_batch_size
     return create_engine(settings.engine, resolve_model_path(config.model.path), **kwargs)
 
 

@@ -57,7 +57,7 @@ from streamrft.lifecycle import StopSignal
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView, supersedes  # the one rule of which weights are newer; re-exported here
 
-from .weight_sync import CollectiveReceiver, check_announcement
+from .weight_sync import CollectiveReceiver, check_announcement, receiver_device
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ HINTS: dict[str, str] = {
     "no-group": "the weights were broadcast to a weight-sync group this worker has not joined",
     "bad-announcement": "the NCCL_READY does not describe a group of this run (trainer.weights.collective_host "
                         "/ collective_port); check who produces to the sync topic",
+    "backend-unavailable": "the trainer's weight-sync group uses a backend this worker's devices cannot join",
     "load-error": "reading the published weights failed; see the traceback in the log",
 }
 
@@ -139,7 +140,7 @@ class WeightFollower:
         self.collective_host = weights.collective_host
         self.collective_port = weights.collective_port
         self.collective_timeout_s = weights.collective_timeout_s
-        self.device = "cpu" if config.rollout.device == "auto" else config.rollout.device
+        self.device = config.rollout.device  # only where NCCL receives (see receiver_device)
         self.retry_initial_s, self.retry_max_s, self.retry_attempts = retry_initial_s, retry_max_s, retry_attempts
         self.collective_wait_s = collective_wait_s
         self._clock = clock
@@ -354,12 +355,16 @@ class WeightFollower:
             return
         try:
             check_lineage(ready.lineage)
-            check_announcement(ready, self.collective_host, self.collective_port)
+            state = check_announcement(ready, self.collective_host, self.collective_port)
         except ValueError as exc:  # json.JSONDecodeError is one
             self._refuse(ready, _Refused("bad-announcement", str(exc)))
             return
-        self._receiver = self._receiver_factory(ready, device=self.device,
-                                                timeout_s=self.collective_timeout_s).start()
+        try:
+            device = receiver_device(state["backend"], self.device)
+        except ValueError as exc:
+            self._refuse(ready, _Refused("backend-unavailable", str(exc)))
+            return
+        self._receiver = self._receiver_factory(ready, device=device, timeout_s=self.collective_timeout_s).start()
         logger.info("%s: joining the trainer's weight-sync group %s (lineage %s)", self.worker_id, ready.uri,
                     ready.lineage or "-")
 

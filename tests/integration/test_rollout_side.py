@@ -142,15 +142,19 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
     clients.close()
 
 
-def test_sigkill_of_one_worker_loses_and_duplicates_nothing(run_config, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("engine", ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_sigkill_of_one_worker_loses_and_duplicates_nothing(run_config, tiny_model_dir, tmp_path, engine):
     import signal
     import time
+
+    from streamrft.config.roles import VLLMConfig
 
     from .roles import role_process, write_config
 
     config = _config(run_config, tiny_model_dir)
     config = config.model_copy(update={"rollout": config.rollout.model_copy(update={
-        "requests_per_batch": 2, "transaction_timeout_ms": 10_000,
+        "requests_per_batch": 2, "transaction_timeout_ms": 10_000, "engine": engine,
+        "vllm": VLLMConfig(kv_cache_gib=1, enforce_eager=True, max_model_len=256),
         "sampling": config.rollout.sampling.model_copy(update={"max_tokens": 24})})})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()

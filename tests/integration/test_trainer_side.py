@@ -162,9 +162,10 @@ def test_checkpoints_ignore_interrupted_saves_prune_and_truncate_the_audit(tmp_p
 
 
 # ------------------------------------------------------------------------------------------- with the broker
-def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("engine", ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config, tiny_model_dir, tmp_path, engine):
     """Reward 1 when the response starts with a digit (~10 % for the random tiny model): 20 fixed-pacing steps,
-    each trained on the previous weights, must raise it clearly."""
+    each trained on the previous weights, must raise it clearly — with either rollout engine."""
     from streamrft.consumers.explorer import Explorer
     from streamrft.consumers.rollout import RolloutWorker
     from streamrft.engines.models import build_tiny_tokenizer
@@ -184,12 +185,14 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
             return Reward(float(hit), correct=hit)
 
     steps = 20
-    config = run_config(**_settings(
+    settings = _settings(
         tiny_model_dir, tmp_path / "ckpt",
         explorer={"batch_size": 4, "repeat_times": 8, "total_steps": steps, "sync_style": "fixed",
                   "sync_interval": 1},
         trainer={"lr": 1e-2, "micro_batch_size": 32, "total_steps": steps, "save_interval": 100,
-                 "algorithm": {"clip_high": 0.28}}))
+                 "algorithm": {"clip_high": 0.28}})
+    settings["rollout"].update(engine=engine, vllm={"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 256})
+    config = run_config(**settings)
     clients = _clients(config)
     producer = clients.producer()
     for i in range(steps * 4):

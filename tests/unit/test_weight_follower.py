@@ -342,6 +342,7 @@ class FakeReceiver:
 
     def __init__(self, ready: SyncSignal, *, device, timeout_s: float) -> None:
         self.ready = ready
+        self.device = device
         self.tensors: dict[int, dict[str, torch.Tensor]] = {}
 
     def start(self) -> "FakeReceiver":
@@ -381,14 +382,30 @@ def test_an_announcement_is_not_joined_in_an_object_store_run(store_dir: Path):
 
 @pytest.mark.parametrize("ready", [announcement(host="10.9.8.7"), announcement(claim="tcp://10.9.8.7:1"),
                                    announcement(world_size="2"), announcement(session="x; rm"),
+                                   announcement(backend="mpi"),
                                    signal_like(announcement(), kind=SyncKind.NCCL_READY, lineage="a/b")],
-                         ids=["group elsewhere", "claim elsewhere", "world size", "session", "lineage"])
+                         ids=["group elsewhere", "claim elsewhere", "world size", "session", "backend", "lineage"])
 def test_a_forged_announcement_is_not_joined(store_dir: Path, ready):
     FakeReceiver.started.clear()
     follower, _, _ = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
     follower.follow(View().apply(ready))
     assert FakeReceiver.started == []
     assert [r.reason for r in follower.take_refusals()] == ["bad-announcement"]
+
+
+def test_the_receiver_follows_the_backend_the_trainer_announces(store_dir: Path):
+    """The trainer's device decides the backend; a worker never guesses it from its own device."""
+    FakeReceiver.started.clear()
+    follower, _, _ = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
+    follower.follow(View().apply(announcement(backend="gloo")))
+    assert [r.device.type for r in FakeReceiver.started] == ["cpu"]
+    follower.follow(View().apply(announcement(backend="nccl", session="0123456789ab")))
+    if torch.cuda.is_available():
+        assert FakeReceiver.started[-1].device.type == "cuda"
+    else:  # a CPU worker cannot meet a CUDA trainer's NCCL group: refused with what to do, not joined
+        assert len(FakeReceiver.started) == 1
+        (refusal,) = follower.take_refusals()
+        assert refusal.reason == "backend-unavailable" and "object_store" in refusal.detail
 
 
 def test_broadcast_weights_are_loaded_from_the_joined_group_of_their_lineage(store_dir: Path):

@@ -1,0 +1,205 @@
+"""The vLLM engine, for real: vLLM's own engine (the CPU build here, the same Python API as on a GPU) on the tiny
+model, held to the contracts of ``engines/inference/base.py`` against the training side's numbers."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from streamrft.engines.inference import SamplingParams, create_engine
+from streamrft.engines.models import build_tiny_model
+
+pytestmark = [pytest.mark.model, pytest.mark.vllm]
+
+PROMPTS = [[{"role": "user", "content": "What is 3 + 4?"}], [{"role": "user", "content": "12 - 5 ="}], [5, 9, 11]]
+# fp32 on both sides; measured 5e-7 on this machine, the rest is room for other CPUs' kernels
+LOGPROB_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    engine = create_engine("vllm", tiny_model_dir, dtype="float32", kv_cache_gib=1, enforce_eager=True,
+                           max_model_len=512)
+    yield engine
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def other_weights(tmp_path_factory):
+    """Weights of the same architecture that decode differently (a larger init: greedy text is not constant)."""
+    from transformers import AutoModelForCausalLM
+
+    path = build_tiny_model(tmp_path_factory.mktemp("other"), seed=3, initializer_range=0.3)
+    return path, dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
+
+
+def teacher_forced(model, completions, temperature: float) -> float:
+    """The largest |engine logprob - log_softmax(logits / T)| over the sampled tokens, the trainer's forward
+    with ``model`` (a model, or a model directory loaded in fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    if not isinstance(model, torch.nn.Module):
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    worst = 0.0
+    for completion in completions:
+        ids = torch.tensor([completion.prompt_ids + completion.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(completion.prompt_ids) - 1 : -1].float()
+        expected = torch.log_softmax(logits / temperature, -1).gather(
+            -1, torch.tensor(completion.response_ids)[:, None])[:, 0]
+        worst = max(worst, (expected - torch.tensor(completion.logprobs)).abs().max().item())
+    return worst
+
+
+def flat(rows):
+    return [c for row in rows for c in row]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.0])
+def test_logprobs_equal_a_teacher_forced_fp32_forward(engine, tiny_model_dir, temperature):
+    params = SamplingParams(temperature=temperature, max_tokens=16, seed=11)
+    completions = flat(engine.generate(PROMPTS, params, n=3))
+    assert len(completions) == 9
+    for c in completions:
+        assert len(c.response_ids) == len(c.logprobs) > 0 and c.model_version == engine.version
+        assert all(lp <= 0 for lp in c.logprobs)
+    assert teacher_forced(tiny_model_dir, completions, params.logprob_temperature) < LOGPROB_TOLERANCE
+
+
+def test_a_seeded_sample_does_not_depend_on_its_batch(engine):
+    params = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    alone = engine.generate([PROMPTS[0]], params, n=2)[0]
+    batched = engine.generate(PROMPTS, params, n=2)[0]
+    assert [c.response_ids for c in alone] == [c.response_ids for c in batched]
+    assert alone[0].response_ids != alone[1].response_ids  # sample j is seeded seed + j
+
+
+def test_sampling_the_trainer_cannot_reproduce_is_refused(engine):
+    with pytest.raises(ValueError, match="top_k=0 and top_p=1.0"):
+        engine.generate(PROMPTS, SamplingParams(top_k=5))
+    with pytest.raises(ValueError, match="top_k=0 and top_p=1.0"):
+        engine.generate(PROMPTS, SamplingParams(top_p=0.9))
+
+
+def test_published_weights_swap_in_place_and_greedy_equals_the_transformers_engine(engine, other_weights,
+                                                                                    tmp_path):
+    """The trainer's path: publish to the object store, load the verified version into both engines."""
+    from streamrft.engines.weights import ObjectStore, load_weights
+
+    path, weights = other_weights
+    tied = [n for n in weights if n == "lm_head.weight"]
+    store = ObjectStore(tmp_path.as_uri(), lineage="a1b2c3d4e5f6a7b8")
+    # as the training engine publishes: a tied tensor once, under its first name
+    published = store.publish([(n, t) for n, t in weights.items() if n not in tied], version=7)
+    loaded = load_weights(published.uri, published.sha256, expected_version=7)
+    reference = create_engine("transformers", path, device="cpu")
+    transformers_engine = create_engine("transformers", path, device="cpu")
+    transformers_engine.load_weights(loaded, 7)
+    engine.load_weights(loaded, 7)
+    assert engine.version == 7
+    greedy = SamplingParams(temperature=0, max_tokens=16)
+    served = [c.response_ids for c in flat(engine.generate(PROMPTS, greedy))]
+    assert served == [c.response_ids for c in flat(transformers_engine.generate(PROMPTS, greedy))]
+    assert served == [c.response_ids for c in flat(reference.generate(PROMPTS, greedy))]
+    assert len({tuple(ids) for ids in served}) > 1  # the check can tell weights apart
+    sampled = flat(engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=16, seed=2), n=2))
+    assert all(c.model_version == 7 for c in sampled)
+    assert teacher_forced(path, sampled, 1.0) < LOGPROB_TOLERANCE
+
+
+def test_a_load_that_cannot_be_applied_is_refused_and_the_old_weights_stay(engine, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
+    engine.load_weights(base, 1)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    before = [c.response_ids for c in flat(engine.generate(PROMPTS, greedy))]
+    changed = {name: tensor + 1.0 for name, tensor in base.items()}
+    partial = {name: t for name, t in changed.items() if ".q_proj." in name}  # part of a fused qkv_proj
+    with pytest.raises(ValueError, match="complete weight sets"):
+        engine.load_weights(partial, 2)
+    wrong_shape = dict(changed, **{"model.norm.weight": torch.ones(3)})
+    with pytest.raises(ValueError, match="shape mismatch"):
+        engine.load_weights(wrong_shape, 2)
+    with pytest.raises(ValueError, match="unknown parameter names"):
+        engine.load_weights(dict(changed, extra=torch.ones(1)), 2)
+    with pytest.raises(ValueError, match="another kind"):
+        engine.load_weights(dict(changed, **{"model.norm.weight": torch.ones(64, dtype=torch.int32)}), 2)
+    with pytest.raises(ValueError, match="unknown parameter names"):
+        engine.check_weights({"model.layers.9.mlp.up_proj.weight": (128, 64)})
+    engine.check_weights({name: tuple(t.shape) for name, t in base.items()})
+    assert engine.version == 1
+    assert [c.response_ids for c in flat(engine.generate(PROMPTS, greedy))] == before
+
+
+def test_the_installed_build_decides_the_device(tiny_model_dir):
+    from streamrft.engines.inference import EngineError
+
+    with pytest.raises(EngineError, match="rollout.device"):
+        create_engine("vllm", tiny_model_dir, device="cuda" if not torch.cuda.is_available() else "cpu")
+
+
+def _collective_vllm_worker(bootstrap: str, overrides: dict, out: str, version: int) -> None:
+    """Child process: a rollout worker with the vLLM engine that joins the trainer's weight-sync group, swaps
+    to the broadcast ``version`` and writes samples of it (their logprobs are checked against the trainer)."""
+    import time
+
+    from streamrft.config import load_config
+    from streamrft.consumers.rollout import RolloutWorker
+    from streamrft.kafka import KafkaClients
+    from streamrft.lifecycle import StopSignal
+
+    config = load_config(overrides=overrides, env={})
+    clients = KafkaClients(config, bootstrap)
+    worker = RolloutWorker(config, clients, StopSignal(), "vllm-receiver")
+    assert worker.engine.kind == "vllm"
+    deadline = time.monotonic() + 150
+    while worker.sync.weights is None or worker.sync.weights.version < version:
+        assert time.monotonic() < deadline, "no broadcast announced"
+        worker.sync.poll(0.2)
+        worker.weights.follow(worker.sync)
+    assert worker.weights.swap_to_latest(worker.sync) and worker.engine.version == version
+    samples = flat(worker.engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12, seed=4), n=2))
+    torch.save([(c.prompt_ids, c.response_ids, c.logprobs, c.model_version) for c in samples], out)
+    receiver = worker.weights._receiver
+    receiver.close(timeout=60)  # until the trainer's farewell
+    worker.close()
+    clients.close()
+    if receiver.error is not None:
+        raise receiver.error
+
+
+@pytest.mark.kafka
+def test_a_collective_broadcast_over_gloo_lands_in_a_vllm_worker_process(run_config, tiny_model_dir, tmp_path):
+    """Trainer (this process, CPU: the announcement says gloo) -> a vLLM rollout worker in another process."""
+    import multiprocessing
+
+    from streamrft.engines.inference import Completion
+
+    from .test_trainer_side import _clients, _settings, produce, steps_of, trainer_thread
+
+    overrides = _settings(tiny_model_dir, tmp_path / "ckpt",
+                          trainer={"total_steps": 2, "weights": {"method": "collective", "collective_timeout_s": 120}})
+    overrides["rollout"].update(engine="vllm", vllm={"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 256})
+    config = run_config(**overrides)
+    clients = _clients(config)
+    produce(clients, config, steps_of(0, 1))
+    trainer = trainer_thread(config, clients)
+    out = tmp_path / "samples.pt"
+    child = multiprocessing.get_context("spawn").Process(
+        target=_collective_vllm_worker,
+        args=(config.kafka.bootstrap_servers, {"name": config.name, "kafka": {"bootstrap_servers":
+              config.kafka.bootstrap_servers}, **overrides}, str(out), 2))
+    child.start()
+    try:
+        trainer.join(200)
+        child.join(90)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+    samples = [Completion(prompt_ids=p, response_ids=r, logprobs=lp, text="", finish_reason="length",
+                          model_version=v) for p, r, lp, v in torch.load(out, weights_only=True)]
+    assert {c.model_version for c in samples} == {2}
+    trained = trainer.role.engine.model.float().eval()
+    assert teacher_forced(trained, samples, 1.0) < LOGPROB_TOLERANCE
+    clients.close()
