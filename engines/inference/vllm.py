@@ -145,7 +145,10 @@ class VLLMEngine(InferenceEngine):
         self.device = platform
         self.dtype = ("bfloat16" if platform == "cuda" else "float32") if dtype == "auto" else dtype
         self._vllm = vllm
-        self.layout = HFLayout.of(self.model_path)
+        try:
+            self.layout = HFLayout.of(self.model_path)
+        except OSError as exc:
+            raise EngineError(f"cannot load a model from {self.model_path!r}: {exc}") from exc
         started = time.monotonic()
         kwargs: dict[str, Any] = {}
         if kv_cache_gib is not None:

@@ -190,13 +190,11 @@ def test_registry_errors() -> None:
         create_engine("transformers")
 
 
-def test_vllm_module_imports_and_refuses_clearly_without_gpu() -> None:
-    from streamrft.engines.inference import vllm as vllm_engine  # importable without vllm
+def test_vllm_engine_refuses_a_missing_model_before_starting_vllm(tmp_path) -> None:
+    from streamrft.engines.inference import vllm as vllm_engine
 
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present; construction would try to start vLLM")
-    with pytest.raises(EngineError, match="vllm|CUDA"):
-        vllm_engine.VLLMEngine("/nonexistent")
+    with pytest.raises(EngineError, match="cannot load a model from"):
+        vllm_engine.VLLMEngine(tmp_path / "nonexistent")
 
 
 def test_fake_engine_is_deterministic_and_versioned() -> None:
@@ -223,3 +221,13 @@ def test_fake_engine_responder_stop_and_length() -> None:
     assert a.stop_reason == "." and engine.decode(a.response_ids) == "answer 0."
     (c,) = engine.generate_one(QUESTION, SamplingParams(max_tokens=3))
     assert c.finish_reason == "length" and c.text == "ans" and len(c.response_ids) == 3
+
+
+def test_vllm_engine_without_vllm_says_how_to_install_it(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from streamrft.engines.inference import vllm as vllm_engine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # as on a machine without it: the import fails
+    with pytest.raises(EngineError, match=r"pip install 'streamrft\[vllm\]'.*setup.sh --vllm"):
+        vllm_engine.VLLMEngine(tmp_path)
