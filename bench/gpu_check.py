@@ -62,7 +62,8 @@ def generation(model_dir: Path, figures: dict, console: Console) -> None:
     params = SamplingParams(temperature=1.0, max_tokens=128)
     engine = create_engine("transformers", model_dir, device=DEVICE, dtype=DTYPE, max_batch_size=256)
     seconds = median_time(lambda: engine.generate(prompts, params, n=4))
-    figures["transformers_tokens_per_s"] = 64 * 4 * 128 / seconds  # the random model rarely stops early
+    out = engine.generate(prompts, params, n=4)
+    figures["transformers_tokens_per_s"] = sum(len(c.response_ids) for r in out for c in r) / seconds
     engine.close()
     try:
         import vllm  # noqa: F401
@@ -102,7 +103,8 @@ def weight_sync(model_dir: Path, figures: dict, console: Console) -> None:
     figures["engine_load_vs_copy"] = figures["engine_load_s"] / figures["raw_copy_s"]
     engine.close()
     if DEVICE != "cuda" or torch.cuda.device_count() < 2:
-        figures["nccl"] = "not run: NCCL needs a second GPU for the receiving rank (one GPU here)"
+        gpus = torch.cuda.device_count() if DEVICE == "cuda" else 0
+        figures["nccl"] = f"not run: NCCL needs a second GPU for the receiving rank ({gpus} here)"
         console.print(f"[yellow]{figures['nccl']}[/]")
 
 
