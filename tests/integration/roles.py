@@ -103,3 +103,19 @@ def role_process(command: list[str], config_path: str, log_path, **env):
     log = open(log_path, "w")
     return subprocess.Popen([sys.executable, "-m", "streamrft.cli", command[0], config_path, *command[1:]],
                             stdout=log, stderr=subprocess.STDOUT, env=environment)
+
+
+def train_beside_a_child(trainer: RoleThread, target, args: tuple, trainer_timeout: float,
+                         child_timeout: float) -> None:
+    """Run ``target(*args)`` in a spawned process while ``trainer`` runs; both must finish cleanly."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    child.start()
+    try:
+        trainer.join(trainer_timeout)
+        child.join(child_timeout)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()

@@ -39,7 +39,7 @@ from streamrft.schemas import (
     pack_i32,
 )
 
-from .roles import RoleThread, read_all, wait_for
+from .roles import RoleThread, read_all, train_beside_a_child, wait_for
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
@@ -364,23 +364,29 @@ def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(
     clients.close()
 
 
-def _collective_receiver(bootstrap: str, overrides: dict, model_dir: str, out: str, version: int) -> None:
-    """Child process: a rollout worker that follows `sync`, joins the trainer's weight-sync group when it is
-    announced and swaps to the broadcast weights of ``version``."""
+def collective_receiver(bootstrap: str, overrides: dict, out: str, version: int, record: str = "weights") -> None:
+    """Child process: a rollout worker (its engine from the config) that follows `sync`, joins the trainer's
+    weight-sync group when it is announced, swaps to the broadcast weights of ``version`` and saves to ``out``
+    either its weights (``record="weights"``) or samples of them with their logprobs (``"samples"``)."""
     from streamrft.consumers.rollout import RolloutWorker
-    from streamrft.engines.inference import create_engine
+    from streamrft.engines.inference import SamplingParams
 
     config = load_config(overrides=overrides, env={})
     clients = KafkaClients(config, bootstrap)
-    worker = RolloutWorker(config, clients, StopSignal(), "receiver",
-                           engine=create_engine("transformers", model_dir, device="cpu"))
-    deadline = time.monotonic() + 120
+    worker = RolloutWorker(config, clients, StopSignal(), "receiver")
+    deadline = time.monotonic() + 150
     while worker.sync.weights is None or worker.sync.weights.version < version:
         assert time.monotonic() < deadline, "no broadcast announced"
         worker.sync.poll(0.2)
         worker.weights.follow(worker.sync)
     assert worker.weights.swap_to_latest(worker.sync) and worker.engine.version == version
-    torch.save({name: t.clone() for name, t in worker.engine.state_dict().items()}, out)
+    if record == "weights":
+        torch.save({name: t.clone() for name, t in worker.engine.state_dict().items()}, out)
+    else:
+        prompts = [[{"role": "user", "content": "What is 3 + 4?"}], [5, 9, 11]]
+        rows = worker.engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=12, seed=4), n=2)
+        torch.save([(worker.engine.kind, c.prompt_ids, c.response_ids, c.logprobs, c.model_version)
+                    for row in rows for c in row], out)
     receiver = worker.weights._receiver
     receiver.close(timeout=60)  # until the trainer's farewell
     worker.close()
@@ -389,28 +395,26 @@ def _collective_receiver(bootstrap: str, overrides: dict, model_dir: str, out: s
         raise receiver.error
 
 
-def test_collective_broadcast_reaches_a_receiver_process_over_gloo(run_config, tiny_model_dir, tmp_path):
-    import multiprocessing
-
-    overrides = _settings(tiny_model_dir, tmp_path / "ckpt",
-                          trainer={"total_steps": 2, "weights": {"method": "collective", "collective_timeout_s": 90}})
+def start_collective_training(run_config, tiny_model_dir, tmp_path, timeout_s: float, rollout: dict | None = None):
+    """A trainer (thread) that trains 2 steps and broadcasts each version to one receiver; returns the config,
+    the clients, the trainer and the overrides a receiver process loads its config from."""
+    overrides = _settings(tiny_model_dir, tmp_path / "ckpt", trainer={
+        "total_steps": 2, "weights": {"method": "collective", "collective_timeout_s": timeout_s}})
+    overrides["rollout"].update(rollout or {})
     config = run_config(**overrides)
     clients = _clients(config)
     produce(clients, config, steps_of(0, 1))
     trainer = trainer_thread(config, clients)
+    child_overrides = {"name": config.name, "kafka": {"bootstrap_servers": config.kafka.bootstrap_servers},
+                       **overrides}
+    return config, clients, trainer, child_overrides
+
+
+def test_collective_broadcast_reaches_a_receiver_process_over_gloo(run_config, tiny_model_dir, tmp_path):
+    config, clients, trainer, child_overrides = start_collective_training(run_config, tiny_model_dir, tmp_path, 90)
     out = tmp_path / "received.pt"
-    child = multiprocessing.get_context("spawn").Process(
-        target=_collective_receiver,
-        args=(config.kafka.bootstrap_servers, {"name": config.name, "kafka": {"bootstrap_servers":
-              config.kafka.bootstrap_servers}, **overrides}, str(tiny_model_dir), str(out), 2))
-    child.start()
-    try:
-        trainer.join(150)
-        child.join(60)
-        assert child.exitcode == 0
-    finally:
-        if child.is_alive():
-            child.kill()
+    train_beside_a_child(trainer, collective_receiver,
+                         (config.kafka.bootstrap_servers, child_overrides, str(out), 2), 150, 60)
     _assert_same_weights(torch.load(out, weights_only=True), trainer.role)
     signals = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)]
     ready = [s for s in signals if s.kind == SyncKind.NCCL_READY]

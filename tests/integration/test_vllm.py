@@ -138,68 +138,25 @@ def test_the_installed_build_decides_the_device(tiny_model_dir):
         create_engine("vllm", tiny_model_dir, device="cuda" if not torch.cuda.is_available() else "cpu")
 
 
-def _collective_vllm_worker(bootstrap: str, overrides: dict, out: str, version: int) -> None:
-    """Child process: a rollout worker with the vLLM engine that joins the trainer's weight-sync group, swaps
-    to the broadcast ``version`` and writes samples of it (their logprobs are checked against the trainer)."""
-    import time
-
-    from streamrft.config import load_config
-    from streamrft.consumers.rollout import RolloutWorker
-    from streamrft.kafka import KafkaClients
-    from streamrft.lifecycle import StopSignal
-
-    config = load_config(overrides=overrides, env={})
-    clients = KafkaClients(config, bootstrap)
-    worker = RolloutWorker(config, clients, StopSignal(), "vllm-receiver")
-    assert worker.engine.kind == "vllm"
-    deadline = time.monotonic() + 150
-    while worker.sync.weights is None or worker.sync.weights.version < version:
-        assert time.monotonic() < deadline, "no broadcast announced"
-        worker.sync.poll(0.2)
-        worker.weights.follow(worker.sync)
-    assert worker.weights.swap_to_latest(worker.sync) and worker.engine.version == version
-    samples = flat(worker.engine.generate(PROMPTS, SamplingParams(temperature=1.0, max_tokens=12, seed=4), n=2))
-    torch.save([(c.prompt_ids, c.response_ids, c.logprobs, c.model_version) for c in samples], out)
-    receiver = worker.weights._receiver
-    receiver.close(timeout=60)  # until the trainer's farewell
-    worker.close()
-    clients.close()
-    if receiver.error is not None:
-        raise receiver.error
-
-
 @pytest.mark.kafka
 def test_a_collective_broadcast_over_gloo_lands_in_a_vllm_worker_process(run_config, tiny_model_dir, tmp_path):
     """Trainer (this process, CPU: the announcement says gloo) -> a vLLM rollout worker in another process."""
-    import multiprocessing
-
     from streamrft.engines.inference import Completion
 
-    from .test_trainer_side import _clients, _settings, produce, steps_of, trainer_thread
+    from .roles import train_beside_a_child
+    from .test_trainer_side import collective_receiver, start_collective_training
 
-    overrides = _settings(tiny_model_dir, tmp_path / "ckpt",
-                          trainer={"total_steps": 2, "weights": {"method": "collective", "collective_timeout_s": 120}})
-    overrides["rollout"].update(engine="vllm", vllm={"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 256})
-    config = run_config(**overrides)
-    clients = _clients(config)
-    produce(clients, config, steps_of(0, 1))
-    trainer = trainer_thread(config, clients)
+    config, clients, trainer, child_overrides = start_collective_training(
+        run_config, tiny_model_dir, tmp_path, 120,
+        rollout={"engine": "vllm", "vllm": {"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 256}})
     out = tmp_path / "samples.pt"
-    child = multiprocessing.get_context("spawn").Process(
-        target=_collective_vllm_worker,
-        args=(config.kafka.bootstrap_servers, {"name": config.name, "kafka": {"bootstrap_servers":
-              config.kafka.bootstrap_servers}, **overrides}, str(out), 2))
-    child.start()
-    try:
-        trainer.join(200)
-        child.join(90)
-        assert child.exitcode == 0
-    finally:
-        if child.is_alive():
-            child.kill()
+    train_beside_a_child(trainer, collective_receiver,
+                         (config.kafka.bootstrap_servers, child_overrides, str(out), 2, "samples"), 200, 90)
+    saved = torch.load(out, weights_only=True)
+    assert {kind for kind, *_ in saved} == {"vllm"}
     samples = [Completion(prompt_ids=p, response_ids=r, logprobs=lp, text="", finish_reason="length",
-                          model_version=v) for p, r, lp, v in torch.load(out, weights_only=True)]
-    assert {c.model_version for c in samples} == {2}
+                          model_version=v) for _, p, r, lp, v in saved]
+    assert len(samples) == 4 and {c.model_version for c in samples} == {2}
     trained = trainer.role.engine.model.float().eval()
     assert teacher_forced(trained, samples, 1.0) < LOGPROB_TOLERANCE
     clients.close()
