@@ -172,8 +172,7 @@ def receiver_device(backend: str, device: str) -> torch.device:
     if not torch.cuda.is_available():
         raise ValueError("the trainer broadcasts over NCCL (it trains on CUDA) and this worker has no CUDA "
                          "device; run the workers on GPUs, or use trainer.weights.method: object_store")
-    wanted = torch.device(device) if device.startswith("cuda") else torch.device("cuda", torch.cuda.current_device())
-    return wanted
+    return torch.device(device) if device.startswith("cuda") else torch.device("cuda", torch.cuda.current_device())
 
 
 class CollectiveReceiver:

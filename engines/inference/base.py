@@ -188,6 +188,42 @@ class InferenceEngine(ABC):
         raise TypeError(f"a prompt is chat messages or token ids, got a sequence of {type(first).__name__}")
 
 
+# name -> (shape, dtype) of the tensors an engine serves: what a load is checked against
+Layout = Mapping[str, tuple[tuple[int, ...], Any]]
+
+
+def dtype_kind(dtype: Any) -> str:
+    """float / complex / bool / int: a load may convert within a kind (bf16 -> fp32), not across kinds."""
+    if dtype.is_complex:
+        return "complex"
+    if dtype.is_floating_point:
+        return "float"
+    return "bool" if str(dtype) == "torch.bool" else "int"
+
+
+def check_shapes(layout: Layout, shapes: Mapping[str, Sequence[int]]) -> None:
+    """ValueError unless every name is in ``layout`` with that shape (``InferenceEngine.check_weights``)."""
+    unknown = [name for name in shapes if name not in layout]
+    if unknown:
+        raise ValueError(f"unknown parameter names (first 5 of {len(unknown)}): {unknown[:5]}")
+    wrong = [f"{name}: {tuple(shape)} != {tuple(layout[name][0])}" for name, shape in shapes.items()
+             if tuple(shape) != tuple(layout[name][0])]
+    if wrong:
+        raise ValueError(f"shape mismatch: {wrong[:5]}")
+
+
+def check_load(layout: Layout, pending: Sequence[tuple[str, "torch.Tensor"]]) -> None:
+    """Everything for which a load is refused, checked before the first copy so a refused load keeps the old
+    weights: a name twice, unknown names, other shapes, a dtype of another kind."""
+    if len({name for name, _ in pending}) != len(pending):
+        raise ValueError("the same parameter name twice in one load")
+    check_shapes(layout, {name: tuple(t.shape) for name, t in pending})
+    unconvertible = [f"{name}: {t.dtype} -> {layout[name][1]}" for name, t in pending
+                     if dtype_kind(t.dtype) != dtype_kind(layout[name][1])]
+    if unconvertible:
+        raise ValueError(f"dtype of another kind (first 5): {unconvertible[:5]}")
+
+
 def per_prompt_params(
     params: SamplingParams | Sequence[SamplingParams], count: int
 ) -> list[SamplingParams]:

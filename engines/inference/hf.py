@@ -27,6 +27,8 @@ from .base import (
     Prompt,
     SamplingParams,
     WeightsInput,
+    check_load,
+    check_shapes,
     find_stop,
     iter_weights,
     per_prompt_params,
@@ -36,13 +38,8 @@ logger = logging.getLogger(__name__)
 
 
 
-def _kind(dtype: torch.dtype) -> str:
-    """float / complex / bool / int: a load may convert within a kind (bf16 -> fp32), not across kinds."""
-    if dtype.is_complex:
-        return "complex"
-    if dtype.is_floating_point:
-        return "float"
-    return "bool" if dtype == torch.bool else "int"
+def _layout_of(tensors: Mapping[str, torch.Tensor]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    return {name: (tuple(t.shape), t.dtype) for name, t in tensors.items()}
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -273,30 +270,13 @@ class TransformersEngine(InferenceEngine):
         return named
 
     def check_weights(self, shapes: Mapping[str, Sequence[int]]) -> None:
-        targets = self._named_tensors()
-        unknown = [name for name in shapes if name not in targets]
-        if unknown:
-            raise ValueError(f"unknown parameter names (first 5 of {len(unknown)}): {unknown[:5]}")
-        wrong = [
-            f"{name}: {tuple(shape)} != {tuple(targets[name].shape)}"
-            for name, shape in shapes.items()
-            if tuple(shape) != tuple(targets[name].shape)
-        ]
-        if wrong:
-            raise ValueError(f"shape mismatch: {wrong[:5]}")
+        check_shapes(_layout_of(self._named_tensors()), shapes)
 
     @torch.no_grad()
     def load_weights(self, weights: WeightsInput, version: int) -> None:
-        # Everything that can be refused is checked before the first copy: a refused load keeps the old weights.
         targets = self._named_tensors()
         pending = list(iter_weights(weights))
-        if len({name for name, _ in pending}) != len(pending):
-            raise ValueError("the same parameter name twice in one load")
-        self.check_weights({name: tuple(t.shape) for name, t in pending})
-        unconvertible = [f"{name}: {t.dtype} -> {targets[name].dtype}" for name, t in pending
-                         if _kind(t.dtype) != _kind(targets[name].dtype)]
-        if unconvertible:
-            raise ValueError(f"dtype of another kind (first 5): {unconvertible[:5]}")
+        check_load(_layout_of(targets), pending)
         for name, tensor in pending:
             targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
         self._version = version

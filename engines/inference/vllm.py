@@ -40,6 +40,8 @@ from .base import (
     Prompt,
     SamplingParams,
     WeightsInput,
+    check_load,
+    check_shapes,
     iter_weights,
     per_prompt_params,
 )
@@ -47,10 +49,6 @@ from .base import (
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
-
-
-def _float_kind(dtype: Any) -> bool:
-    return bool(getattr(dtype, "is_floating_point", False))
 
 
 @dataclass(frozen=True)
@@ -218,26 +216,11 @@ class VLLMEngine(InferenceEngine):
     # -- weights -------------------------------------------------------------------------------------------
 
     def check_weights(self, shapes: Mapping[str, Sequence[int]]) -> None:
-        known = self.layout.shapes
-        unknown = [name for name in shapes if name not in known]
-        if unknown:
-            raise ValueError(f"unknown parameter names (first 5 of {len(unknown)}): {unknown[:5]}")
-        wrong = [f"{name}: {tuple(shape)} != {known[name][0]}" for name, shape in shapes.items()
-                 if tuple(shape) != known[name][0]]
-        if wrong:
-            raise ValueError(f"shape mismatch: {wrong[:5]}")
+        check_shapes(self.layout.shapes, shapes)
 
     def load_weights(self, weights: WeightsInput, version: int) -> None:
-        # Everything that can be refused is checked before the first copy: a refused load keeps the old weights.
         pending = list(iter_weights(weights))
-        if len({name for name, _ in pending}) != len(pending):
-            raise ValueError("the same parameter name twice in one load")
-        self.check_weights({name: tuple(t.shape) for name, t in pending})
-        known = self.layout.shapes
-        unconvertible = [f"{name}: {t.dtype} -> {known[name][1]}" for name, t in pending
-                         if _float_kind(t.dtype) != _float_kind(known[name][1])]
-        if unconvertible:
-            raise ValueError(f"dtype of another kind (first 5): {unconvertible[:5]}")
+        check_load(self.layout.shapes, pending)
         pending = self.layout.complete(pending)
         # vLLM's in-place reload: the model's own load_weights between the layerwise set-up and the processing
         # after loading (the CPU build repacks linear weights for its GEMM kernels there)
