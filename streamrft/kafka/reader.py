@@ -62,7 +62,9 @@ def read_topic(kafka: KafkaConfig, bootstrap: str, topic: str, *, from_beginning
 
 def read_to_end(kafka: KafkaConfig, bootstrap: str, topic: str, timeout: float = 30.0) -> list[RawRecord]:
     """Every committed record of ``topic`` up to the end offsets at call time (exactly to the end: partition
-    EOF events, not an idle timeout). A topic that does not exist reads as empty."""
+    EOF events, not an idle timeout). The end of a partition is its last stable offset (read_committed): a
+    record written after an open transaction began is not read until that transaction ends. A topic that does
+    not exist reads as empty."""
     props = consumer_props(kafka, bootstrap, f"streamrft-reader-{uuid.uuid4().hex[:8]}") | {
         "enable.partition.eof": True}
     consumer = Consumer(props)

@@ -82,9 +82,16 @@ def _inject(clients, config, topic: str, records: dict[str, tuple[bytes, bytes]]
         producer.produce_raw(config.topic(topic), value, key, partition=0)
     producer.flush()
     what_of = {key: what for what, (key, _) in records.items()}
-    offsets = {raw.offset: what_of[raw.key] for raw in read_to_end(config.kafka, clients.bootstrap,
-                                                                   config.topic(topic))
-               if raw.key in what_of and raw.partition == 0}
+    # a read_committed reader stops at the last stable offset: while a role's transaction is open on the
+    # partition (a worker writing results), records produced after it begins are not visible yet
+    deadline = time.monotonic() + 60
+    while True:
+        offsets = {raw.offset: what_of[raw.key] for raw in read_to_end(config.kafka, clients.bootstrap,
+                                                                       config.topic(topic))
+                   if raw.key in what_of and raw.partition == 0}
+        if sorted(offsets.values()) == sorted(records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert sorted(offsets.values()) == sorted(records)
     return offsets
 
