@@ -1,15 +1,24 @@
 """A rollout worker: one member of the ``<run>.rollout`` consumer group. Start more anywhere to scale out.
 
-For each batch of RolloutRequests polled together, read as numbered steps in ``_handle``:
+The worker keeps its engine full (continuous batching, ``rollout.batching: continuous``): requests are admitted
+as they are polled, up to ``rollout.requests_in_flight``, each request's workflow runs in a
+``WorkflowPool`` whose engine calls join the running batch (vLLM: at the next scheduler step), and a request is
+committed as soon as its own samples are done. For each request read:
 1. skip it as CANCELLED if the explorer already cancelled its step (over-rollout);
 2. FAIL, with the reason, a request that asks for more than ``limits`` allow (samples, turns, prompt tokens);
-3. make sure the engine serves at least ``min_model_version`` (verified swap; waiting at most
-   ``limits.max_version_wait_s``, after which the requests that need it FAIL with the reason);
-4. run every request's workflow ``repeat_times`` times, the engine calls batched across requests (a request
-   whose prompt breaks the engine fails alone);
-5. in ONE transaction: the Experiences (keyed by group_id), the RolloutResults, dead letters of failed requests,
-   the worker's metrics and the consumed offsets — a worker killed mid-batch leaves nothing visible, and its
-   requests are redelivered.
+3. make sure the engine serves at least ``min_model_version``: new weights load only while nothing runs (no
+   sample mixes two versions), so admission stops until the engine is drained, then the worker swaps (verified,
+   waiting at most ``limits.max_version_wait_s``, after which the requests that need it FAIL with the reason);
+4. run its workflow ``repeat_times`` times (a request whose prompt breaks the engine fails alone);
+5. in ONE transaction with every other request done since the last one: its Experiences (keyed by group_id),
+   its RolloutResult, the dead letter of a failed request, the worker's metrics, and the consumed offsets.
+
+Offsets. Requests finish out of order, so a partition's committed offset is that of its lowest unfinished
+request, and the commit's metadata lists the requests above it that are done (``request_ledger``): a worker
+killed mid-flight leaves nothing of an unfinished request visible, and whoever reads the partition next redoes
+exactly the unfinished ones. A rebalance that takes a partition away drops its unfinished requests here (the
+next owner redoes them). ``rollout.batching: batch`` takes ``requests_per_batch`` requests at a time and commits
+them together once all are done (the engine idles while the slowest finishes).
 
 Requests are checked where they are read (``streamrft.validation.check_request``): a bad one goes to
 ``rollouts.dlq`` once and the worker goes on. Between requests the worker follows ``sync`` through its
@@ -21,10 +30,8 @@ import logging
 import os
 import socket
 import statistics
-import threading
 import time
 import uuid
-from contextlib import contextmanager
 from functools import partial
 
 from prometheus_client import Counter
@@ -32,7 +39,7 @@ from prometheus_client import Counter
 from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine, SamplingParams, create_engine
 from streamrft.engines.workflows.base import WorkflowError, WorkflowSample
-from streamrft.engines.workflows.batch import run_workflows
+from streamrft.engines.workflows.scheduler import WorkflowPool
 from streamrft.engines.workflows.limits import WorkLimits
 from streamrft.kafka import KafkaClients, RecordProducer, dead_letter
 from streamrft.kafka.consumer import Delivered
@@ -40,6 +47,7 @@ from streamrft.lifecycle import StopSignal
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus
 from streamrft.validation import check_request
 from .model_paths import resolve_model_path
+from .request_ledger import RequestLedger
 from .runtime import RoleRuntime
 from .weight_follower import WeightFollower
 
@@ -94,10 +102,17 @@ class RolloutWorker:
         self.consumer = self.runtime.consumer(
             "rollouts", RolloutRequest, config.group("rollout"), client_id=self.worker_id,
             check=partial(check_request, max_task_bytes=config.limits.max_task_bytes),
-            # Prefetch little: librdkafka stops fetching at these bounds, which is the worker's backpressure
-            # while it is busy.
-            extra={"queued.max.messages.kbytes": 256, "queued.min.messages": 2 * self.settings.requests_per_batch})
+            # Prefetch little: what is fetched but not read is what another member could be rolling out.
+            extra={"queued.max.messages.kbytes": 256, "queued.min.messages": 2 * self.settings.requests_in_flight})
         self.runtime.bind(self.consumer)
+        self.pool = WorkflowPool(self.engine, self.limits)
+        self.runtime.on_close("workflows", self.pool.close)
+        self.ledger = RequestLedger()
+        self._backlog: list[Delivered[RolloutRequest]] = []  # read, not started
+        self._running: dict[tuple[str, int, int], tuple[Delivered[RolloutRequest], float]] = {}  # by where
+        self._outcomes: list[tuple[tuple[str, int, int], Outcome, int]] = []  # (where, outcome, step), to commit
+        self._paused = False
+        self._last_commit = time.monotonic()
         self.weights = WeightFollower(config, self.engine, self.worker_id, self.runtime.registry)
         self.runtime.on_close("weight follower", self.weights.close)
         # refused weight signals go to sync.dlq once for the whole group, however many workers refuse them
@@ -108,7 +123,7 @@ class RolloutWorker:
                                   registry=self.runtime.registry)
         self.c_tokens = Counter("streamrft_rollout_generated_tokens", "response tokens generated",
                                 registry=self.runtime.registry)
-        self.c_busy = Counter("streamrft_rollout_busy_seconds", "seconds spent handling requests",
+        self.c_busy = Counter("streamrft_rollout_busy_seconds", "seconds the engine ran with requests in flight",
                               registry=self.runtime.registry)
         self.runtime.serve(self.settings.metrics_port)
 
@@ -120,26 +135,182 @@ class RolloutWorker:
     def run(self, max_requests: int | None = None) -> int:
         self.sync.catch_up()
         self._follow_weights(swap=True)
-        logger.info("%s: ready (engine %s, weights v%d)", self.worker_id, self.engine.kind, self.engine.version)
+        logger.info("%s: ready (engine %s, weights v%d, %s batching)", self.worker_id, self.engine.kind,
+                    self.engine.version, self.settings.batching)
         while not self.stop.requested and (max_requests is None or self.handled < max_requests):
-            room = self.settings.requests_per_batch
-            if max_requests is not None:
-                room = min(room, max_requests - self.handled)
-            items = self.consumer.poll(max_records=room, timeout=0.5)
+            self._forget_revoked()
+            self._read(self._room(max_requests))
             self.sync.poll(0)
-            self._follow_weights(swap=self.config.explorer.sync_style == "fully_async")
-            if items:
-                with self._paused_while_busy():
-                    self._handle(items)
-            elif self._refusal_letters:  # nothing read since the last commit: the letters go alone
-                self.runtime.transaction(self._produce_refusals, "dead letters of refused weights")
+            self._follow_weights(swap=False)
+            self._admit()
+            self._collect()
+            self._commit()
         return self.handled
+
+    def _room(self, max_requests: int | None) -> int:
+        """How many more requests to read now."""
+        taken = self.pool.running + len(self._backlog) + len(self._outcomes)
+        if self.settings.batching == "batch":
+            room = self.settings.requests_per_batch if taken == 0 else 0
+        else:
+            room = self.settings.requests_in_flight - self.pool.running - len(self._backlog)
+            if any(self.ledger.full(p) for p in self.consumer.assigned):
+                room = 0
+        if max_requests is not None:
+            room = min(room, max_requests - self.handled - taken)
+        return max(room, 0)
+
+    def _read(self, room: int) -> None:
+        """Poll up to ``room`` requests into the backlog. With no room the partitions are paused (librdkafka
+        stops fetching: the worker's backpressure) and the poll only serves the group's callbacks."""
+        if room > 0 and self._paused:
+            self.consumer.resume()
+            self._paused = False
+        elif room == 0 and not self._paused:
+            self.consumer.pause()
+            self._paused = True
+        idle = not (self.pool.running or self._backlog or self._outcomes)
+        items = self.consumer.poll(max_records=max(room, 1), timeout=0.5 if idle else 0.0)
+        unknown = sorted({(i.topic, i.partition) for i in items if not self.ledger.knows((i.topic, i.partition))})
+        if unknown:
+            for partition, (offset, metadata) in self.consumer.committed(unknown).items():
+                self.ledger.load(partition, offset, metadata)
+        for item in items:
+            if self.ledger.admit((item.topic, item.partition), item.offset):
+                self._backlog.append(item)
+            else:
+                logger.info("%s: request %s at %s was done and committed before; skipped", self.worker_id,
+                            item.record.request_id, item.where)
+        self.ledger.saw(self.consumer.positions())
+        self.consumer.forget_pending()  # the ledger says what to commit
+
+    def _forget_revoked(self) -> None:
+        """Partitions taken by a rebalance: their unfinished requests are the next owner's (or ours again,
+        read anew from the committed point)."""
+        revoked = self.consumer.take_revoked()
+        if not revoked:
+            return
+        mine = lambda where: (where[0], where[1]) in revoked  # noqa: E731
+        dropped = {key for key in self._running if mine(key)}
+        self.pool.cancel(dropped)
+        for key in dropped:
+            del self._running[key]
+        self._backlog = [i for i in self._backlog if not mine((i.topic, i.partition))]
+        self._outcomes = [o for o in self._outcomes if not mine(o[0])]
+        self.ledger.forget(revoked)
+        if dropped:
+            logger.info("%s: %d unfinished request(s) of revoked partitions dropped (their next reader redoes "
+                        "them)", self.worker_id, len(dropped))
 
     def _follow_weights(self, swap: bool) -> None:
         self.weights.follow(self.sync)
         if swap:
             self.weights.swap_to_latest(self.sync)
         self._note_refusals()
+
+    def _admit(self) -> None:
+        """Start the backlog's requests (1.-4. of the module docstring), in the order they were read."""
+        if self.settings.batching == "batch" and (self.pool.running or self._outcomes):
+            return
+        while self._backlog:
+            item = self._backlog[0]
+            request = item.record
+            if request.kind == RolloutKind.TRAIN and request.step <= self.sync.cancelled_step:  # 1.
+                self._done(item, self._cancelled(request))
+            elif (why := self._over_limit(request)) is not None:  # 2.
+                self._done(item, self._failed(item, why, "over-limit"))
+            elif self._needs_swap(request):  # 3.
+                if self.pool.running:
+                    return  # drain first: the weights change only while nothing runs
+                self._swap_for(request)
+                continue
+            else:  # 4.
+                key = (item.topic, item.partition, item.offset)
+                self._running[key] = (item, time.monotonic())
+                self.pool.start(key, request.task, request.repeat_times, self.sampling)
+            self._backlog.pop(0)
+
+    def _needs_swap(self, request: RolloutRequest) -> bool:
+        if not self.weights.serves(request.min_model_version, self.sync):
+            return True
+        return self.config.explorer.sync_style == "fully_async" and self.weights.newer_due(self.sync)
+
+    def _swap_for(self, request: RolloutRequest) -> None:
+        """The engine is drained: load the weights ``request`` needs (or the newest, fully_async); what still
+        cannot be served after ``limits.max_version_wait_s`` FAILS with the reason."""
+        if self.config.explorer.sync_style == "fully_async":
+            self.weights.swap_to_latest(self.sync)
+            self._note_refusals()
+        needed = request.min_model_version
+        wait_s = self.config.limits.max_version_wait_s
+        if self.weights.ensure_version(needed, self.sync, self.stop, wait_s) or self.stop.requested:
+            if self.stop.requested:
+                self._backlog.clear()  # nothing committed: redelivered to whoever takes the partitions
+            return
+        why = (f"weights v{needed} were needed; after {wait_s:.0f}s (limits.max_version_wait_s) this worker "
+               f"serves v{self.engine.version} (the newest published is v{self.sync.version})")
+        late = [i for i in self._backlog if i.record.min_model_version > self.engine.version]
+        for item in late:
+            self._done(item, self._failed(item, why, "version-wait"))
+        self._backlog = [i for i in self._backlog if i not in late]
+
+    def _collect(self) -> None:
+        """Step the engine; the requests whose workflows finished become outcomes."""
+        busy_elsewhere = bool(self._backlog) and self.settings.batching == "continuous"
+        started_driving, running = time.monotonic(), self.pool.running
+        finished = self.pool.drive(timeout=0.0 if busy_elsewhere else 0.05)
+        if running:
+            self.c_busy.inc(time.monotonic() - started_driving)
+        for key, output in finished:
+            item, started = self._running.pop(key)
+            if isinstance(output, WorkflowError):
+                outcome = self._failed(item, f"{output}\n{output.cause_traceback}", "workflow-error")
+            else:
+                outcome = self._succeeded(item.record, output)
+            outcome[1].duration_ms = int((time.monotonic() - started) * 1000)
+            self._done(item, outcome)
+
+    def _done(self, item: Delivered[RolloutRequest], outcome: Outcome) -> None:
+        where = (item.topic, item.partition, item.offset)
+        self.ledger.finish(where[:2], item.offset)
+        self._outcomes.append((where, outcome, item.record.step))
+
+    def _commit(self) -> None:
+        """5.: every outcome since the last commit, with the ledger's commit points, in one transaction."""
+        self._note_refusals()
+        if self.settings.batching == "batch" and (self.pool.running or self._backlog):
+            return  # a batch commits whole
+        if not self._outcomes:
+            if self._refusal_letters:  # nothing to commit but the letters: they go alone
+                self.runtime.transaction(self._produce_refusals, "dead letters of refused weights")
+            return
+        outcomes, self._outcomes = self._outcomes, []
+        points = self.ledger.commit_points()
+        elapsed = time.monotonic() - self._last_commit
+
+        def produce(producer: RecordProducer) -> None:
+            self._produce_refusals(producer)
+            for _, (experiences, result, letter), _ in outcomes:
+                for experience in experiences:
+                    producer.produce(self.config.topic("experiences"), experience)
+                producer.produce(self.config.topic("results"), result)
+                if letter is not None:
+                    producer.send_dead_letter(letter)
+            samples = sum(len(experiences) for _, (experiences, _, _), _ in outcomes)
+            self.runtime.metrics.publish(max(step for _, _, step in outcomes), {
+                "rollout_worker/requests": len(outcomes), "rollout_worker/samples": samples,
+                "rollout_worker/in_flight": self.pool.running,
+                "rollout_worker/samples_per_s": samples / max(elapsed, 1e-6)})
+
+        self.runtime.transaction(produce, f"{len(outcomes)} request(s) up to step "
+                                          f"{max(step for _, _, step in outcomes)}", offsets=points)
+        self.ledger.committed(points)
+        self._last_commit = time.monotonic()
+        self.handled += len(outcomes)
+        for _, (_, result, _), _ in outcomes:
+            self.c_requests.labels(result.status.value).inc()
+            logger.info("%s: %s %s (step %d) -> %s, reward %.2f", self.worker_id, result.kind.value.lower(),
+                        result.request_id, result.step, result.status.value, result.reward_mean)
 
     def _note_refusals(self) -> None:
         """Final refusals become dead letters (sent with the next transaction); transient ones are retried."""
@@ -159,109 +330,12 @@ class RolloutWorker:
             producer.send_dead_letter(letter)
         self._refusal_letters = []
 
-    @contextmanager
-    def _paused_while_busy(self):
-        """Pause our partitions when a batch keeps the engine busy for longer than ``pause_after_s``.
-
-        Pausing drops librdkafka's prefetched messages (they are fetched again on resume), so short batches
-        are not paused: the bounded prefetch queue already holds the backpressure for them."""
-        paused = threading.Event()
-
-        def pause() -> None:
-            self.consumer.pause()
-            paused.set()
-
-        timer = threading.Timer(self.settings.pause_after_s, pause)
-        timer.daemon = True
-        timer.start()
-        try:
-            yield
-        finally:
-            timer.cancel()
-            timer.join()
-            if paused.is_set():
-                self.consumer.resume()
-
-    def _handle(self, items: list[Delivered[RolloutRequest]]) -> None:
-        started = time.monotonic()
-        outcomes: list[Outcome] = []
-        runnable = []
-        for item in items:
-            request = item.record
-            if request.kind == RolloutKind.TRAIN and request.step <= self.sync.cancelled_step:  # 1.
-                outcomes.append(self._cancelled(request))
-            elif (why := self._over_limit(request)) is not None:  # 2.
-                outcomes.append(self._failed(item, why, "over-limit"))
-            else:
-                runnable.append(item)
-        if runnable:
-            runnable, late = self._with_weights(runnable)  # 3.
-            if self.stop.requested:
-                return  # nothing committed: the requests are redelivered to whoever takes the partitions
-            outcomes += late
-            outcomes += self._rollout(runnable)  # 4.
-        elapsed_ms = int((time.monotonic() - started) * 1000)
-
-        self._note_refusals()
-
-        def produce(producer: RecordProducer) -> None:  # 5.
-            self._produce_refusals(producer)
-            for experiences, result, letter in outcomes:
-                for experience in experiences:
-                    producer.produce(self.config.topic("experiences"), experience)
-                producer.produce(self.config.topic("results"), result)
-                if letter is not None:
-                    producer.send_dead_letter(letter)
-            samples = sum(len(experiences) for experiences, _, _ in outcomes)
-            self.runtime.metrics.publish(max(i.record.step for i in items), {
-                "rollout_worker/batch_ms": elapsed_ms, "rollout_worker/requests": len(items),
-                "rollout_worker/samples": samples,
-                "rollout_worker/samples_per_s": samples / max(elapsed_ms / 1000, 1e-6)})
-
-        self.runtime.transaction(produce, f"{len(items)} request(s) of step {items[0].record.step}")
-        self.handled += len(items)
-        self.c_busy.inc(time.monotonic() - started)
-        for _, result, _ in outcomes:
-            self.c_requests.labels(result.status.value).inc()
-            logger.info("%s: %s %s (step %d) -> %s, reward %.2f", self.worker_id, result.kind.value.lower(),
-                        result.request_id, result.step, result.status.value, result.reward_mean)
-
     def _over_limit(self, request: RolloutRequest) -> str | None:
         try:
             self.limits.check_repeat_times(request.repeat_times)
         except ValueError as exc:
             return str(exc)
         return None
-
-    def _with_weights(self, items: list[Delivered[RolloutRequest]]):
-        """Wait for the newest ``min_model_version`` among ``items`` (bounded); the requests it still cannot
-        serve FAIL with the reason, the rest run."""
-        wait_s = self.config.limits.max_version_wait_s
-        needed = max(i.record.min_model_version for i in items)
-        if self.weights.ensure_version(needed, self.sync, self.stop, wait_s):
-            return items, []
-        ready = [i for i in items if i.record.min_model_version <= self.engine.version]
-        why = (f"weights v{needed} were needed; after {wait_s:.0f}s (limits.max_version_wait_s) this worker "
-               f"serves v{self.engine.version} (the newest published is v{self.sync.version})")
-        late = [self._failed(i, why, "version-wait") for i in items if i not in ready]
-        return ready, late
-
-    def _rollout(self, items: list[Delivered[RolloutRequest]]) -> list[Outcome]:
-        """Run the requests' workflows together (engine calls batched across them); one outcome per request."""
-        requests = [item.record for item in items]
-        started = time.monotonic()
-        outputs = run_workflows([r.task for r in requests], self.engine, [r.repeat_times for r in requests],
-                                self.sampling, self.limits)
-        duration_ms = int((time.monotonic() - started) * 1000)
-        outcomes = []
-        for item, request, output in zip(items, requests, outputs):
-            if isinstance(output, WorkflowError):
-                outcome = self._failed(item, f"{output}\n{output.cause_traceback}", "workflow-error")
-            else:
-                outcome = self._succeeded(request, output)
-            outcome[1].duration_ms = duration_ms
-            outcomes.append(outcome)
-        return outcomes
 
     def _succeeded(self, request: RolloutRequest, samples: list[WorkflowSample]) -> Outcome:
         self.c_tokens.inc(sum(s.response_length for s in samples))

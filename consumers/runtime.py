@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients, RecordConsumer, RecordProducer, Transactor
+from streamrft.kafka.consumer import CommitPoints
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Record
 from streamrft.sync import SyncView
@@ -75,11 +76,13 @@ class RoleRuntime:
         """Commit ``consumer``'s offsets inside every transaction (consume -> produce -> commit)."""
         self._transactor.consumer = consumer
 
-    def transaction(self, produce: Callable[[RecordProducer], None], what: str) -> None:
-        """Run ``produce`` in one transaction with the bound consumer's offsets; raises if it cannot commit."""
+    def transaction(self, produce: Callable[[RecordProducer], None], what: str,
+                    offsets: CommitPoints | None = None) -> None:
+        """Run ``produce`` in one transaction with the bound consumer's offsets (or ``offsets``, with their
+        metadata, when the role commits less than it read); raises if it cannot commit."""
         if self._transactor is None:
             raise RuntimeError(f"{self.source}: transaction for {what} on a role without a transactional.id")
-        self._transactor.run(produce, what)
+        self._transactor.run(produce, what, offsets)
 
     def serve(self, port: int | None) -> None:
         """Expose the registry once the role has declared its metrics."""

@@ -182,6 +182,14 @@ class WeightFollower:
             return False
         return self._load(signal)
 
+    def newer_due(self, view: SyncView) -> bool:
+        """Whether :meth:`swap_to_latest` would load something now (a worker drains its engine first)."""
+        return view.weights is not None and self._due(view.weights)
+
+    def serves(self, minimum: int, view: SyncView) -> bool:
+        """Whether the engine serves at least ``minimum`` of the trainer's current lineage."""
+        return self._serves(minimum, view)
+
     def ensure_version(self, minimum: int, view: SyncView, stop: StopSignal, timeout_s: float) -> bool:
         """Wait until the engine serves at least ``minimum`` of the current lineage (polling ``view`` every
         0.5 s). False, with the reason logged, on timeout, on stop, or when the version needed was refused."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+import sys
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -99,6 +100,20 @@ class Completion:
         return self.finish_reason == "stop" and self.stop_reason is None
 
 
+@dataclass(slots=True)
+class GenerationCall:
+    """One ``generate`` call handed to :meth:`InferenceEngine.submit`, under the caller's key."""
+
+    key: Hashable
+    prompts: list[Prompt]
+    params: list[SamplingParams]
+    n: int
+
+
+# what a step hands back for a finished call: its key and result[i][j], or the exception it failed with
+Finished = tuple[Hashable, Union[list[list[Completion]], BaseException]]
+
+
 def iter_weights(weights: WeightsInput) -> Iterable[tuple[str, "torch.Tensor"]]:
     return weights.items() if isinstance(weights, Mapping) else weights
 
@@ -126,6 +141,63 @@ class InferenceEngine(ABC):
 
     def generate_one(self, prompt: Prompt, params: SamplingParams, n: int = 1) -> list[Completion]:
         return self.generate([prompt], params, n)[0]
+
+    # -- submitted calls (what a scheduler drives: continuous batching) --------------------------------------
+
+    incremental: bool = False
+    """True when :meth:`step` advances the submitted calls by a token or so (vLLM), so that new calls join the
+    running batch between steps; False when one step runs every submitted call to its end (one ``generate``)."""
+
+    def submit(self, key: Hashable, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
+               n: int = 1) -> None:
+        """Queue a ``generate`` call under ``key`` (unique among unfinished calls); a later :meth:`step` hands
+        back its result."""
+        self._submitted().append(GenerationCall(key, list(prompts), per_prompt_params(params, len(prompts)), n))
+
+    def step(self) -> list[Finished]:
+        """Advance the submitted calls and hand back those that finished. A call that fails fails alone: its
+        exception is its result. This default runs them all in one ``generate`` per distinct ``n``; when such a
+        combined call raises, each call runs again alone, so the call whose prompts break the engine is found."""
+        calls, self._calls = self._submitted(), []
+        finished: list[Finished] = []
+        for n in sorted({call.n for call in calls}):
+            group = [call for call in calls if call.n == n]
+            try:
+                finished += self._generate_for(group, n)
+            except Exception:
+                if len(group) == 1:
+                    finished.append((group[0].key, sys.exc_info()[1]))
+                    continue
+                for call in group:
+                    try:
+                        finished += self._generate_for([call], n)
+                    except Exception as exc:
+                        finished.append((call.key, exc))
+        return finished
+
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        """Drop submitted calls that have not finished; nothing is handed back for them."""
+        dropped = set(keys)
+        self._calls = [call for call in self._submitted() if call.key not in dropped]
+
+    @property
+    def unfinished(self) -> int:
+        """Submitted calls not handed back yet."""
+        return len(self._submitted())
+
+    def _submitted(self) -> list[GenerationCall]:
+        if "_calls" not in self.__dict__:
+            self._calls: list[GenerationCall] = []
+        return self._calls
+
+    def _generate_for(self, calls: list[GenerationCall], n: int) -> list[Finished]:
+        outputs = self.generate([p for call in calls for p in call.prompts],
+                                [p for call in calls for p in call.params], n)
+        finished, start = [], 0
+        for call in calls:
+            finished.append((call.key, outputs[start : start + len(call.prompts)]))
+            start += len(call.prompts)
+        return finished
 
     # -- weights -------------------------------------------------------------------------------------------
 

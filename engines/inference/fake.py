@@ -4,6 +4,10 @@ Each sample takes ``latency_s`` of wall time (``time.sleep``, which releases the
 returns deterministic tokens: by default a few digits derived from the prompt, the sample index and the seed;
 with ``responder`` the text it returns for the prompt text (tokenised with the engine's tokenizer). Every logprob
 is ``logprob``. Weights are only recorded, so ``load_weights`` and ``version`` behave like a real engine's.
+
+``incremental=True`` models an engine with room in its batch (vLLM below ``max_num_seqs``): a submitted call
+takes its ``latency_s`` per sample from the moment it is submitted, whatever else runs, and :meth:`step` hands
+back the calls whose time is up -- so tests can see requests finish out of order.
 """
 from __future__ import annotations
 
@@ -45,7 +49,10 @@ class FakeEngine(InferenceEngine):
         responder: Responder | None = None,
         logprob: float = -1.0,
         version: int = 0,
+        incremental: bool = False,
     ) -> None:
+        self.incremental = incremental
+        self._due: list[tuple[float, Any, list[list[Completion]] | BaseException]] = []
         if model_path is not None:
             from transformers import AutoTokenizer
 
@@ -74,6 +81,40 @@ class FakeEngine(InferenceEngine):
             [self._sample(ids, j, p) for j in range(n)]
             for ids, p in zip(prompt_ids, per_prompt_params(params, len(prompts)))
         ]
+
+    def submit(self, key, prompts, params, n: int = 1) -> None:
+        if not self.incremental:
+            return super().submit(key, prompts, params, n)
+        self.calls += 1
+        try:
+            result: list[list[Completion]] | BaseException = [
+                [self._sample(self.prompt_ids(p), j, sp) for j in range(n)]
+                for p, sp in zip(prompts, per_prompt_params(params, len(prompts)))]
+        except Exception as exc:  # noqa: BLE001 - the call fails alone, as in a real engine
+            result = exc
+        self._due.append((time.monotonic() + self.latency_s * n * len(prompts), key, result))
+
+    def step(self):
+        if not self.incremental:
+            return super().step()
+        if not self._due:
+            return []
+        # a step is short (as vLLM's): calls submitted meanwhile join at the next one
+        time.sleep(min(0.02, max(0.0, min(due for due, _, _ in self._due) - time.monotonic())))
+        now = time.monotonic()
+        finished = [(key, result) for due, key, result in self._due if due <= now]
+        self._due = [entry for entry in self._due if entry[0] > now]
+        return finished
+
+    def abort(self, keys) -> None:
+        if not self.incremental:
+            return super().abort(keys)
+        dropped = set(keys)
+        self._due = [entry for entry in self._due if entry[1] not in dropped]
+
+    @property
+    def unfinished(self) -> int:
+        return len(self._due) if self.incremental else super().unfinished
 
     def _sample(self, prompt_ids: list[int], index: int, params: SamplingParams) -> Completion:
         if self.responder is not None:

@@ -23,19 +23,26 @@ architecture of the model directory (built on the meta device, so checking costs
 filled in (a trainer publishes a tied tensor once), and a load must cover the whole model (see
 :meth:`HFLayout.complete`). Cached prefix KV blocks were computed with the old weights, so the prefix cache is
 reset after every load.
+
+**Continuous batching.** :meth:`submit` adds a call's requests to vLLM's scheduler (``LLMEngine.add_request``)
+and :meth:`step` runs one scheduler iteration (``LLMEngine.step``): a call submitted while others run joins
+the batch at the next step, and a call comes back as soon as its own samples are done. ``generate`` is a submit
+followed by steps until that call is back.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .base import (
     Completion,
     EngineError,
+    Finished,
     InferenceEngine,
     Prompt,
     SamplingParams,
@@ -92,6 +99,16 @@ class HFLayout:
             raise ValueError(f"the vllm engine loads complete weight sets (its layers are fused and processed "
                              f"whole); {len(missing)} of {len(self.shapes)} tensors are missing, e.g. {missing[:3]}")
         return list(given.items())
+
+
+@dataclass(slots=True)
+class _Call:
+    """A submitted call: its samples so far, per prompt as (sample index, completion), and how many of its vLLM
+    requests are still running."""
+
+    key: Hashable
+    samples: list[list[tuple[int, Completion]]]
+    open: int = 0
 
 
 class VLLMEngine(InferenceEngine):
@@ -166,34 +183,94 @@ class VLLMEngine(InferenceEngine):
         # the same tokenizer object as the transformers engine, so both engines build identical prompt ids
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self._version = version
+        self._ids = itertools.count()
+        self._calls_by_key: dict[Hashable, _Call] = {}
+        self._owner: dict[str, tuple[_Call, int, int]] = {}  # vLLM request id -> (call, prompt, first sample)
+        self._ready: list[Finished] = []  # finished before a step could hand them back
         logger.info("vllm engine: %s on %s/%s in %.1f s", self.model_path, platform, self.dtype,
                     time.monotonic() - started)
 
     # -- generation ----------------------------------------------------------------------------------------
 
+    incremental = True
+
     def generate(
         self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
     ) -> list[list[Completion]]:
+        key = ("generate", next(self._ids))
+        self.submit(key, prompts, params, n)
+        while True:
+            for done_key, result in self.step():
+                if done_key != key:  # another caller's call, handed back by its own next step
+                    self._ready.append((done_key, result))
+                elif isinstance(result, BaseException):
+                    raise result
+                else:
+                    return result
+
+    def submit(self, key: Hashable, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
+               n: int = 1) -> None:
+        """Add the call's requests to vLLM's scheduler at once: they join the running batch at the next step.
+        With a seed, one request per sample, so that sample j is seeded seed + j as in the other engines."""
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        requests, params_list, owners = [], [], []
-        for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
-            check_sampling(sample_params)
-            ids = self.prompt_ids(prompt)
-            # with a seed, one request per sample so sample j is seeded seed + j, as in the other engines
-            per_request = [(j, 1) for j in range(n)] if sample_params.seed is not None else [(0, n)]
-            for j, count in per_request:
-                requests.append(TokensPrompt(prompt_token_ids=ids))
-                params_list.append(self.vllm_params(sample_params, count, sample_params.sample_seed(j)))
-                owners.append(i)
-        outputs = self.llm.generate(requests, params_list, use_tqdm=False)
-        result: list[list[Completion]] = [[] for _ in prompts]
-        for owner, output in zip(owners, outputs):
-            for sample in output.outputs:
-                result[owner].append(self.completion(list(output.prompt_token_ids), sample))
-        return result
+        call = _Call(key, [[] for _ in prompts])
+        added: list[str] = []
+        try:
+            for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
+                check_sampling(sample_params)
+                ids = self.prompt_ids(prompt)
+                per_request = [(j, 1) for j in range(n)] if sample_params.seed is not None else [(0, n)]
+                for j, count in per_request:
+                    request_id = f"srft-{next(self._ids)}"
+                    vllm_params = self.vllm_params(sample_params, count, sample_params.sample_seed(j))
+                    vllm_params.output_kind = RequestOutputKind.FINAL_ONLY  # the whole sample, once
+                    self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), vllm_params)
+                    added.append(request_id)
+                    self._owner[request_id] = (call, i, j)
+        except Exception as exc:  # this call fails alone; the engine keeps the others
+            self._forget(added)
+            self._ready.append((key, exc))
+            return
+        call.open = len(added)
+        self._calls_by_key[key] = call
+
+    def step(self) -> list[Finished]:
+        finished, self._ready = self._ready, []
+        if not self._calls_by_key:
+            return finished
+        for output in self.llm.llm_engine.step():
+            if not output.finished or output.request_id not in self._owner:
+                continue
+            call, i, j = self._owner.pop(output.request_id)
+            call.samples[i] += [(j + k, self.completion(list(output.prompt_token_ids), sample))
+                                for k, sample in enumerate(output.outputs)]
+            call.open -= 1
+            if call.open == 0:
+                del self._calls_by_key[call.key]
+                finished.append((call.key, [[c for _, c in sorted(row, key=lambda s: s[0])] for row in call.samples]))
+        return finished
+
+    def abort(self, keys: Iterable[Hashable]) -> None:
+        dropped = set(keys)
+        self._ready = [(key, result) for key, result in self._ready if key not in dropped]
+        ids = [rid for rid, (call, _, _) in self._owner.items() if call.key in dropped]
+        self._forget(ids)
+        for key in dropped:
+            self._calls_by_key.pop(key, None)
+
+    def _forget(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self.llm.llm_engine.abort_request(request_ids)
+        for request_id in request_ids:
+            self._owner.pop(request_id, None)
+
+    @property
+    def unfinished(self) -> int:
+        return len(self._calls_by_key) + len(self._ready)
 
     def vllm_params(self, params: SamplingParams, n: int, seed: int | None):
         """vLLM's SamplingParams for ours (``n`` samples, ``seed`` for the first)."""
@@ -219,6 +296,9 @@ class VLLMEngine(InferenceEngine):
         check_shapes(self.layout.shapes, shapes)
 
     def load_weights(self, weights: WeightsInput, version: int) -> None:
+        if self._calls_by_key:
+            raise RuntimeError(f"{len(self._calls_by_key)} call(s) still running: new weights would give them "
+                               "samples from two versions; load between calls")
         pending = list(iter_weights(weights))
         check_load(self.layout.shapes, pending)
         pending = self.layout.complete(pending)

@@ -1,8 +1,9 @@
 """Workflows (task -> scored samples) and rewards, with registries open to plugins by entry point.
 
 Built in: workflows ``arithmetic``, ``math_boxed``, ``guess_number``; rewards ``exact_number``, ``boxed_match``,
-``format``, ``format_boxed``. The rollout worker calls :func:`run_workflow` (one task) or :func:`run_workflows` (several, engine calls
-batched) and turns a :class:`WorkflowError` into a FAILED result.
+``format``, ``format_boxed``. The rollout worker runs tasks side by side on one engine in a :class:`WorkflowPool` (``scheduler``: continuous
+batching) and turns a :class:`WorkflowError` into a FAILED result; :func:`run_workflows` runs a list of tasks to
+the end that way.
 """
 from . import rewards  # noqa: F401  (registers the built-in rewards)
 from . import arithmetic, guess_number  # noqa: F401  (register the built-in workflows)
@@ -17,7 +18,7 @@ from .base import (
     parse_payload,
     run_workflow,
 )
-from .batch import CoalescingEngine, run_workflows
+from .scheduler import SharedEngine, WorkflowPool, run_workflows
 from .registry import (
     REWARD_GROUP,
     WORKFLOW_GROUP,

@@ -119,11 +119,13 @@ class RolloutConfig(Section):
     device: str = "auto"
     max_batch_size: int = Field(default=64, ge=1, description="sequences generated together (vLLM: max_num_seqs)")
     vllm: VLLMConfig = VLLMConfig()
+    batching: Literal["continuous", "batch"] = Field(
+        default="continuous", description="continuous: requests join the running engine batch as they are read "
+                                          "and commit as each is done; batch: requests_per_batch at a time")
+    requests_in_flight: int = Field(default=16, ge=1, description="continuous: requests rolled out at once")
     requests_per_batch: int = Field(default=8, ge=1,
-                                    description="requests taken per poll and rolled out together (one transaction)")
+                                    description="batch: requests taken together and committed together")
     sampling: SamplingConfig = SamplingConfig()
-    pause_after_s: float = Field(default=2.0, ge=0,
-                                 description="pause the worker's partitions when a batch runs longer than this")
     fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
     transaction_timeout_ms: int = Field(default=30_000, ge=1000,
                                         description="a killed worker's open transaction is aborted after this")

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
 # (topic, partition) -> offset
 Offsets = dict[tuple[str, int], int]
+# (topic, partition) -> (next offset, metadata): a commit that also says which later offsets are done
+CommitPoints = dict[tuple[str, int], tuple[int, str]]
 # raises InvalidRecordError when a decoded record breaks its type's invariants
 Check = Callable[[R], None]
 
@@ -70,6 +72,9 @@ class RecordConsumer(Generic[R]):
         # partitions whose end was reached (needs enable.partition.eof); cleared when a record arrives
         self.at_eof: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()  # this member's partitions, as of the last rebalance
+        # partitions taken away since the last take_revoked(): their position restarts from the committed offset
+        # when they come back, so whatever was read from them and not committed is read again
+        self._revoked: set[tuple[str, int]] = set()
         if subscribe:
             self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
@@ -83,6 +88,7 @@ class RecordConsumer(Generic[R]):
         logger.info("%s revoked %s", self.group_id, _describe(partitions))
         for tp in partitions:
             self.assigned.discard((tp.topic, tp.partition))
+            self._revoked.add((tp.topic, tp.partition))
             self._pending.pop((tp.topic, tp.partition), None)
             self.at_eof.discard((tp.topic, tp.partition))
 
@@ -173,6 +179,16 @@ class RecordConsumer(Generic[R]):
         if offsets:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                   asynchronous=False)
+
+    def committed(self, partitions: list[tuple[str, int]], timeout: float = 10.0) -> CommitPoints:
+        """The group's committed offset and metadata of each partition (offset -1 when none is committed)."""
+        found = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else -1, tp.metadata or "") for tp in found}
+
+    def take_revoked(self) -> set[tuple[str, int]]:
+        """Partitions revoked since the last call (see ``_revoked``)."""
+        revoked, self._revoked = self._revoked, set()
+        return revoked
 
     def forget_pending(self) -> None:
         self._pending.clear()

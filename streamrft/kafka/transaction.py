@@ -22,9 +22,9 @@ import threading
 import time
 from typing import Callable
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from .consumer import RecordConsumer
+from .consumer import CommitPoints, RecordConsumer
 from .producer import RecordProducer
 from .retry import retrying
 
@@ -59,15 +59,17 @@ class Transactor:
         self.aborted = 0
         producer.init_transactions(timeout)
 
-    def run(self, produce: Callable[[RecordProducer], None], what: str = "a unit of work") -> None:
+    def run(self, produce: Callable[[RecordProducer], None], what: str = "a unit of work",
+            offsets: CommitPoints | None = None) -> None:
         """1. begin  2. produce  3. add the consumed offsets  4. commit — retried whole on abortable errors
-        until ``timeout``; raises when the unit cannot be committed (see the module docstring)."""
+        until ``timeout``; raises when the unit cannot be committed (see the module docstring). ``offsets``: commit
+        these (with their metadata) instead of everything the consumer handed out."""
         deadline = time.monotonic() + self.timeout
         attempt = reopened = 0
         while True:
             attempt += 1
             try:
-                self._attempt(produce)
+                self._attempt(produce, offsets)
                 break
             except ProducerStuck as exc:
                 if reopened >= MAX_REOPENS:
@@ -99,11 +101,14 @@ class Transactor:
             self.consumer.forget_pending()
         self.committed += 1
 
-    def _attempt(self, produce: Callable[[RecordProducer], None]) -> None:
+    def _attempt(self, produce: Callable[[RecordProducer], None], points: CommitPoints | None) -> None:
         raw = self.producer.raw
         raw.begin_transaction()
         produce(self.producer)
-        offsets = self.consumer.pending_offsets() if self.consumer is not None else []
+        if points is not None:
+            offsets = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in points.items()]
+        else:
+            offsets = self.consumer.pending_offsets() if self.consumer is not None else []
         if offsets:
             metadata = self.consumer.group_metadata()
             self._retrying("send_offsets_to_transaction",

@@ -68,8 +68,8 @@ def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir
     from streamrft.schemas import Task
 
     config = _config(run_config, tiny_model_dir, total_steps=1, batch_size=4)
-    # pause_after_s=0: the worker pauses its partitions for every batch; nothing may be lost on resume
-    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"pause_after_s": 0.0})})
+    # one request in flight: the worker pauses its partitions whenever it is full; nothing may be lost on resume
+    config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"requests_in_flight": 1})})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
     tasks = make_arithmetic_tasks(3, seed=2)

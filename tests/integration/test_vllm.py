@@ -159,3 +159,34 @@ def test_a_collective_broadcast_over_gloo_lands_in_a_vllm_worker_process(run_con
     trained = trainer.role.engine.model.float().eval()
     assert teacher_forced(trained, samples, 1.0) < LOGPROB_TOLERANCE
     clients.close()
+
+
+def test_a_call_submitted_while_another_runs_joins_it_and_comes_back_when_its_own_samples_are_done(engine):
+    """Continuous batching: vLLM's scheduler takes the second call at the next step; each call comes back as
+    soon as its samples are done, with the samples ``generate`` gives for it alone."""
+    long = SamplingParams(temperature=0.0, max_tokens=48, stop=())
+    short = SamplingParams(temperature=0.8, max_tokens=3, seed=5)
+    alone = [engine.generate([PROMPTS[0]], long), engine.generate([PROMPTS[1]], short, n=2)]
+    engine.submit("long", [PROMPTS[0]], long)
+    for _ in range(4):
+        assert engine.step() == []  # the long call is under way
+    engine.submit("short", [PROMPTS[1]], short, n=2)
+    order, results = [], {}
+    while engine.unfinished:
+        for key, result in engine.step():
+            order.append(key)
+            results[key] = result
+    assert order == ["short", "long"]
+    for key, want in zip(("long", "short"), alone):
+        assert [[c.response_ids for c in row] for row in results[key]] == [[c.response_ids for c in row] for row in want]
+
+
+def test_a_call_that_cannot_be_submitted_fails_alone_and_weights_wait_for_running_calls(engine):
+    engine.submit("bad", [PROMPTS[0]], SamplingParams(top_k=5))
+    engine.submit("good", [PROMPTS[1]], SamplingParams(temperature=0.0, max_tokens=2))
+    with pytest.raises(RuntimeError, match="still running"):
+        engine.load_weights({}, version=1)
+    done = {}
+    while engine.unfinished:
+        done.update(engine.step())
+    assert isinstance(done["bad"], ValueError) and len(done["good"][0]) == 1

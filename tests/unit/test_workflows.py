@@ -391,7 +391,7 @@ def test_plugins_are_found_by_entry_point(monkeypatch: pytest.MonkeyPatch, plugi
 
 @pytest.mark.model
 def test_run_workflows_batches_and_matches_sequential(tiny_model_dir: Path) -> None:
-    from streamrft.engines.workflows import CoalescingEngine, run_workflows
+    from streamrft.engines.workflows import WorkflowPool, run_workflows
 
     engine = create_engine("transformers", tiny_model_dir)
     tasks = make_arithmetic_tasks(3, seed=1) + [task("guess_number", {"target": 3, "max_turns": 2})]
@@ -404,15 +404,12 @@ def test_run_workflows_batches_and_matches_sequential(tiny_model_dir: Path) -> N
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
             assert a.action_mask == b.action_mask and a.reward == b.reward
 
-    calls = []
-    original = CoalescingEngine._run
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(CoalescingEngine, "_run", lambda self, batch: (calls.append(len(batch)), original(self, batch)))
-    try:
-        run_workflows(tasks, engine, 2, params)
-    finally:
-        monkey.undo()
-    assert calls == [4, 1]  # turn 1: all four tasks in one call; turn 2: only the multi-turn one
+    pool = WorkflowPool(engine)
+    for i, one in enumerate(tasks):
+        pool.start(i, one, 2, params)
+    while pool.running:
+        pool.drive(timeout=1.0)
+    assert pool.shared.calls_per_step == [4, 1]  # turn 1: all four tasks in one call; turn 2: only the multi-turn one
 
 
 def test_run_workflows_isolates_failures(plugin_names) -> None:
@@ -440,3 +437,33 @@ def test_exact_number_refuses_a_task_without_an_answer_whatever_the_response():
     for response in ("no digits at all", "1 + 1 = 2"):
         with pytest.raises(KeyError, match="no 'answer'"):
             exact_number(response, {"question": "What is 1 + 1?"})
+
+
+def test_a_pool_on_an_incremental_engine_hands_back_each_workflow_when_it_is_done() -> None:
+    from streamrft.engines.workflows import WorkflowPool
+
+    engine = create_engine("fake", latency_s=0.05, incremental=True)
+    pool = WorkflowPool(engine)
+    pool.start("slow", task("arithmetic", {"question": "q", "answer": 7}), 20, SamplingParams())  # 1 s
+    order = []
+    for _ in range(3):
+        pool.drive(timeout=0.1)
+    pool.start("fast", task("arithmetic", {"question": "q", "answer": 7}), 1, SamplingParams())  # 0.05 s
+    while pool.running:
+        order += [key for key, outcome in pool.drive(timeout=0.5) if len(outcome) > 0]
+    assert order == ["fast", "slow"]  # started later, joined the running batch, came back first
+
+
+def test_a_cancelled_workflow_stops_and_is_not_handed_back() -> None:
+    from streamrft.engines.workflows import WorkflowPool
+
+    engine = create_engine("fake", latency_s=1.0, incremental=True)
+    pool = WorkflowPool(engine)
+    pool.start("dropped", task("arithmetic", {"question": "q", "answer": 7}), 30, SamplingParams())
+    pool.start("kept", task("arithmetic", {"question": "q", "answer": 7}), 1, SamplingParams())
+    pool.drive(timeout=0.1)
+    pool.cancel({"dropped"})
+    handed = []
+    while pool.running:
+        handed += [key for key, _ in pool.drive(timeout=0.5)]
+    assert handed == ["kept"] and engine.unfinished == 0

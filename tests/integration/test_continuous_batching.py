@@ -1,0 +1,78 @@
+"""Continuous batching in the rollout worker on the real broker: a request commits as soon as its own samples
+are done, out of order, and whoever reads the partition next redoes exactly the unfinished ones."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from streamrft.consumers.rollout import RolloutWorker
+from streamrft.engines.inference import create_engine
+from streamrft.kafka import KafkaClients
+from streamrft.kafka.reader import read_to_end
+from streamrft.schemas import Experience, RolloutKind, RolloutRequest, RolloutResult, Task
+
+from .roles import RoleThread
+
+pytestmark = pytest.mark.kafka
+
+SLOW_SAMPLES = 40  # x 0.25 s: the first request runs 10 s
+FAST = 4
+
+
+def _request(request_id: str, repeat_times: int) -> RolloutRequest:
+    task = Task(task_id=request_id, workflow="arithmetic", payload=json.dumps({"question": "1 + 1", "answer": "2"}))
+    return RolloutRequest(request_id=request_id, step=0, kind=RolloutKind.TRAIN, task=task, repeat_times=repeat_times)
+
+
+def _read(clients, config, name: str, record_type):
+    return [clients.serde.decode(raw.value, raw.topic, record_type)
+            for raw in read_to_end(config.kafka, clients.bootstrap, config.topic(name))]
+
+
+def test_requests_commit_as_each_is_done_and_the_next_reader_redoes_only_the_unfinished(run_config):
+    config = run_config(rollout={"engine": "fake", "metrics_port": None, "requests_in_flight": 8},
+                        topics={"rollouts": {"partitions": 1}})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    producer = clients.producer()
+    for request in [_request("slow", SLOW_SAMPLES), *(_request(f"fast{i}", 1) for i in range(FAST))]:
+        producer.produce(config.topic("rollouts"), request)
+    producer.flush()
+
+    # an engine with room in its batch: each request takes 0.25 s per sample from when it is submitted
+    first = RoleThread("w1", lambda stop: RolloutWorker(
+        config, clients, stop, "w1", engine=create_engine("fake", latency_s=0.25, incremental=True))).start()
+    deadline = time.monotonic() + 60
+    while {r.request_id for r in _read(clients, config, "results", RolloutResult)} != {f"fast{i}" for i in range(FAST)}:
+        assert time.monotonic() < deadline and first.error is None, first.error
+        time.sleep(0.2)
+    # the fast ones are committed while the slow one (read first, lowest offset) still runs
+    assert first.role.pool.running == 1
+    first.stop.request()
+    first.join(30)
+
+    # what the group committed: the slow request's offset, and the done ones above it in the metadata
+    probe = clients.consumer([config.topic("rollouts")], RolloutRequest, config.group("rollout"), subscribe=False,
+                             dead_letters=False)
+    try:
+        assert probe.committed([(config.topic("rollouts"), 0)]) == {(config.topic("rollouts"), 0): (0, "done:1,2,3,4")}
+    finally:
+        probe.close()
+
+    second = RoleThread("w2", lambda stop: RolloutWorker(
+        config, clients, stop, "w2", engine=create_engine("fake", incremental=True))).start()
+    deadline = time.monotonic() + 60
+    while "slow" not in {r.request_id for r in _read(clients, config, "results", RolloutResult)}:
+        assert time.monotonic() < deadline and second.error is None, second.error
+        time.sleep(0.2)
+    second.stop.request()
+    second.join(30)
+
+    results = Counter(r.request_id for r in _read(clients, config, "results", RolloutResult))
+    assert results == Counter({"slow": 1, **{f"fast{i}": 1 for i in range(FAST)}})
+    experiences = _read(clients, config, "experiences", Experience)
+    assert len({e.eid for e in experiences}) == len(experiences) == SLOW_SAMPLES + FAST
+    assert {e.worker_id for e in experiences if e.group_id == "slow"} == {"w2"}
