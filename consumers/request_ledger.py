@@ -57,10 +57,11 @@ class RequestLedger:
                                                       done=decode_done(committed_offset, metadata))
 
     def admit(self, partition: Partition, offset: int) -> bool:
-        """Note a read request; False when it is done already (its outcome was committed before)."""
+        """Note a read request; False when it is running already or done (its outcome committed before): a
+        partition revoked and given back in one poll can hand out the same offset twice."""
         state = self._partitions[partition]
         state.next_offset = max(state.next_offset, offset + 1)
-        if offset in state.done:
+        if offset in state.done or offset in state.open:
             return False
         state.open.add(offset)
         return True

@@ -94,7 +94,8 @@ class RolloutWorker:
             producer_extra={"transaction.timeout.ms": self.settings.transaction_timeout_ms})
         self.sync = self.runtime.sync
         self.engine = engine or build_engine(config)
-        self.runtime.on_close("engine", self.engine.close)
+        if engine is None:  # an engine handed in is its owner's to release
+            self.runtime.on_close("engine", self.engine.close)
         self.limits = work_limits(config)
         self.sampling = SamplingParams(temperature=self.settings.sampling.temperature,
                                        top_p=self.settings.sampling.top_p, top_k=self.settings.sampling.top_k,
@@ -138,7 +139,6 @@ class RolloutWorker:
         logger.info("%s: ready (engine %s, weights v%d, %s batching)", self.worker_id, self.engine.kind,
                     self.engine.version, self.settings.batching)
         while not self.stop.requested and (max_requests is None or self.handled < max_requests):
-            self._forget_revoked()
             self._read(self._room(max_requests))
             self.sync.poll(0)
             self._follow_weights(swap=False)
@@ -171,6 +171,10 @@ class RolloutWorker:
             self._paused = True
         idle = not (self.pool.running or self._backlog or self._outcomes)
         items = self.consumer.poll(max_records=max(room, 1), timeout=0.5 if idle else 0.0)
+        # rebalance callbacks run inside the poll: before anything else is committed, what was revoked is
+        # forgotten (Kafka accepts a member's offset commit for a partition another member now owns)
+        self._forget_revoked()
+        items = [i for i in items if (i.topic, i.partition) in self.consumer.assigned]
         unknown = sorted({(i.topic, i.partition) for i in items if not self.ledger.knows((i.topic, i.partition))})
         if unknown:
             for partition, (offset, metadata) in self.consumer.committed(unknown).items():
@@ -179,7 +183,7 @@ class RolloutWorker:
             if self.ledger.admit((item.topic, item.partition), item.offset):
                 self._backlog.append(item)
             else:
-                logger.info("%s: request %s at %s was done and committed before; skipped", self.worker_id,
+                logger.info("%s: request %s at %s is running or was committed before; skipped", self.worker_id,
                             item.record.request_id, item.where)
         self.ledger.saw(self.consumer.positions())
         self.consumer.forget_pending()  # the ledger says what to commit
