@@ -141,7 +141,9 @@ class RolloutWorker:
         while not self.stop.requested and (max_requests is None or self.handled < max_requests):
             self._read(self._room(max_requests))
             self.sync.poll(0)
-            self._follow_weights(swap=False)
+            # fully_async serves the newest weights as soon as the engine is drained (new weights never land
+            # under a running request); admission stops for a swap that is due (see _needs_swap)
+            self._follow_weights(swap=self.config.explorer.sync_style == "fully_async" and not self.pool.running)
             self._admit()
             self._collect()
             self._commit()

@@ -63,7 +63,7 @@ def test_over_rollout_finishes_steps_early_and_reports_the_rest_cancelled(run_co
         explorer={"batch_size": 4, "repeat_times": 2, "total_steps": 2, "sync_style": "fully_async",
                   "max_staleness": 100, "metrics_port": None,
                   "over_rollout": {"ratio": 0.5}},
-        rollout={"engine": "fake", "fake_latency_s": 0.4, "requests_per_batch": 1, "metrics_port": None})
+        rollout={"engine": "fake", "fake_latency_s": 0.4, "requests_in_flight": 1, "metrics_port": None})
     clients, state = _run(config, make_arithmetic_tasks(8, seed=6))
 
     metrics = [m for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric)
