@@ -1,14 +1,17 @@
 """The rollout worker with continuous batching vs batch-at-a-time, on the same requests in the same run.
 
-    flock /tmp/streamrft-bench.lock python bench/continuous_batching.py [--model DIR] [--requests 48] [--n 4]
+    flock /tmp/streamrft-bench.lock python bench/continuous_batching.py [--model DIR] [--requests 48] [--n 1]
         [--concurrency 8] [--max-tokens 128] [--engine vllm|transformers] [--rounds 2]
 
 One real ``RolloutWorker`` on the embedded broker and one engine (built once, shared by both modes): RolloutRequests
 of the demo's arithmetic tasks are produced straight to ``rollouts``; the clock runs from the worker's start to its
-last request committed. Both modes keep ``--concurrency`` requests on the engine: ``batch`` takes that many at
+last request committed. Sampling is seeded per request (``rollout.sampling.seed``), so both modes generate
+the same samples. Both modes keep ``--concurrency`` requests on the engine: ``batch`` takes that many at
 a time and commits them together once the slowest sample is done; ``continuous`` starts the next request as soon
 as one is committed. The demo model at temperature 1 answers at mixed lengths (some in a few tokens, some at
-``--max-tokens``): the table shows the spread. Modes alternate for ``--rounds`` rounds (noisy machines); the
+``--max-tokens``): the table shows the spread. A request lasts as long as its longest sample, so the mix is
+of requests with one sample each by default (``--n 1``); with ``--n 4`` nearly every request of the demo model
+has a sample that runs to ``--max-tokens``, and both modes drain alike. Modes alternate for ``--rounds`` rounds (noisy machines); the
 figure is the ratio of medians (goal: continuous ≥ 1.2 × batch).
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Experience, RolloutKind, RolloutRequest
 
 DEMO_MODEL = Path.home() / ".cache" / "streamrft" / "models" / "smollm2-135m-instruct"
-console = Console()
+console = Console(width=140)
 
 
 def one_round(bootstrap: str, engine, mode: str, args) -> tuple[float, list[int]]:
@@ -43,7 +46,7 @@ def one_round(bootstrap: str, engine, mode: str, args) -> tuple[float, list[int]
         "model": {"path": str(args.model)},
         "rollout": {"engine": args.engine, "batching": mode, "requests_per_batch": args.concurrency,
                     "requests_in_flight": args.concurrency, "metrics_port": None,
-                    "sampling": {"temperature": 1.0, "max_tokens": args.max_tokens}},
+                    "sampling": {"temperature": 1.0, "max_tokens": args.max_tokens, "seed": 0}},
     }, env={})
     clients = KafkaClients(config, bootstrap)
     clients.ensure_topics()
@@ -59,7 +62,7 @@ def one_round(bootstrap: str, engine, mode: str, args) -> tuple[float, list[int]
         seconds = time.perf_counter() - started
     finally:
         worker.close()
-    lengths = [len(e.tokens) - e.prompt_length for e in (
+    lengths = [e.response_length for e in (
         clients.serde.decode(raw.value, raw.topic, Experience)
         for raw in read_to_end(config.kafka, bootstrap, config.topic("experiences")))]
     assert len(lengths) == args.requests * args.n, f"{len(lengths)} samples, {args.requests * args.n} expected"
@@ -71,7 +74,8 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=DEMO_MODEL)
     parser.add_argument("--engine", default="vllm", choices=("vllm", "transformers"))
     parser.add_argument("--requests", type=int, default=48)
-    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--n", type=int, default=1, help="samples per request (a request lasts as long as its "
+                                                         "longest sample: with many, every request lasts ~max)")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=2)

@@ -1,7 +1,8 @@
 """A rollout worker: one member of the ``<run>.rollout`` consumer group. Start more anywhere to scale out.
 
 The worker keeps its engine full (continuous batching, ``rollout.batching: continuous``): requests are admitted
-as they are polled, up to ``rollout.requests_in_flight``, each request's workflow runs in a
+as they are polled, up to ``rollout.requests_in_flight`` (one more is read and waits, so it starts the moment a
+slot frees while the next is fetched), each request's workflow runs in a
 ``WorkflowPool`` whose engine calls join the running batch (vLLM: at the next scheduler step), and a request is
 committed as soon as its own samples are done. For each request read:
 1. skip it as CANCELLED if the explorer already cancelled its step (over-rollout);
@@ -32,6 +33,7 @@ import socket
 import statistics
 import time
 import uuid
+import zlib
 from functools import partial
 
 from prometheus_client import Counter
@@ -72,6 +74,14 @@ def build_engine(config: RunConfig) -> InferenceEngine:
     else:
         kwargs["max_batch_size"] = settings.max_batch_size
     return create_engine(settings.engine, resolve_model_path(config.model.path), **kwargs)
+
+
+def request_sampling(sampling: SamplingParams, seed: int | None, request_id: str) -> SamplingParams:
+    """With ``rollout.sampling.seed``, the request's own seed (sample j draws from it + j): the same samples
+    whichever worker runs the request, whatever it is batched with."""
+    if seed is None:
+        return sampling
+    return sampling.replace(seed=zlib.crc32(f"{seed}/{request_id}".encode()) << 8)  # room for 256 samples
 
 
 def work_limits(config: RunConfig) -> WorkLimits:
@@ -154,8 +164,8 @@ class RolloutWorker:
         taken = self.pool.running + len(self._backlog) + len(self._outcomes)
         if self.settings.batching == "batch":
             room = self.settings.requests_per_batch if taken == 0 else 0
-        else:
-            room = self.settings.requests_in_flight - self.pool.running - len(self._backlog)
+        else:  # one more than the engine takes, read and waiting: it starts the moment a request is done
+            room = self.settings.requests_in_flight + 1 - self.pool.running - len(self._backlog)
             if any(self.ledger.full(p) for p in self.consumer.assigned):
                 room = 0
         if max_requests is not None:
@@ -225,6 +235,8 @@ class RolloutWorker:
                 self._done(item, self._cancelled(request))
             elif (why := self._over_limit(request)) is not None:  # 2.
                 self._done(item, self._failed(item, why, "over-limit"))
+            elif self.settings.batching == "continuous" and self.pool.running >= self.settings.requests_in_flight:
+                return  # the engine is full; this one waits for the next request to finish
             elif self._needs_swap(request):  # 3.
                 if self.pool.running:
                     return  # drain first: the weights change only while nothing runs
@@ -233,8 +245,11 @@ class RolloutWorker:
             else:  # 4.
                 key = (item.topic, item.partition, item.offset)
                 self._running[key] = (item, time.monotonic())
-                self.pool.start(key, request.task, request.repeat_times, self.sampling)
+                self.pool.start(key, request.task, request.repeat_times, self._sampling_for(request))
             self._backlog.pop(0)
+
+    def _sampling_for(self, request: RolloutRequest) -> SamplingParams:
+        return request_sampling(self.sampling, self.settings.sampling.seed, request.request_id)
 
     def _needs_swap(self, request: RolloutRequest) -> bool:
         if not self.weights.serves(request.min_model_version, self.sync):

@@ -24,6 +24,8 @@ class SamplingConfig(Section):
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = 0
     max_tokens: int = Field(default=64, ge=1)
+    seed: int | None = Field(default=None, description="reproducible rollouts: a request's samples are seeded from "
+                                                       "(seed, request_id), whichever worker runs it")
 
 
 class OverRolloutConfig(Section):

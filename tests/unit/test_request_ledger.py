@@ -59,3 +59,4 @@ def test_metadata_of_another_tool_lists_nothing_and_the_window_has_a_bound():
     assert len(ledger.commit_points()[P][1]) < 4096  # the broker's offset.metadata.max.bytes default
     ledger.forget({P})
     assert not ledger.knows(P) and not ledger.full(P)
+
