@@ -5,8 +5,8 @@
 * raw          — ``safetensors.torch.save_file`` then ``load_file`` of all tensors, one file (the floor).
 * object_store — ``ObjectStore.publish`` (sharded safetensors + sha256 + manifest, atomic moves, retention)
                  then ``load_weights`` (manifest and every shard verified).
-* sha256       — for reference: one sha256 pass over all the bytes on one thread. object_store needs two
-                 (publish and verify), spread over min(4, CPUs) threads.
+* sha256, blake3 — for reference: one pass over all the bytes (sha256 on one thread; BLAKE3, the shard digest,
+                 on every core). object_store hashes each byte twice (publish and verify).
 * collective   — ``broadcast_weights`` from rank 0 to one receiver over gloo on this machine (two processes),
                  timed from the start of the broadcast until the receiver has every tensor.
 
@@ -29,6 +29,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from streamrft.engines.weights.safetensors_io import new_digest
 from streamrft.engines.weights import (
     CollectiveGroup,
     ObjectStore,
@@ -69,13 +70,22 @@ def into(dest: dict[str, torch.Tensor], loaded) -> dict[str, torch.Tensor]:
     return dest
 
 
+def settle() -> None:
+    """Write back what earlier runs left dirty (and the discards of the files they deleted) before the clock
+    starts: otherwise whichever method runs second pays for the first one's writeback, and on a disk mounted
+    with ``discard`` (this machine) a deletion's discards stall the next run's block allocation. A trainer
+    publishes seconds or minutes apart, by which time the kernel has written the previous version back."""
+    os.sync()
+
+
 def bench_file_methods(tensors, workdir: Path, repeats: int, shard_bytes: int) -> dict[str, list[float]]:
     """raw and object_store, interleaved run by run so that load from other processes hits both alike."""
     expected = digest(tensors)
     dest = {name: torch.empty_like(t) for name, t in tensors.items()}
     raw_path = workdir / "raw.safetensors"
     store = ObjectStore((workdir / "store").as_uri(), keep_last=2, max_shard_bytes=shard_bytes)
-    times: dict[str, list[float]] = {"raw": [], "object_store": [], "publish": [], "load": [], "sha256": []}
+    times: dict[str, list[float]] = {"raw": [], "object_store": [], "publish": [], "load": [], "sha256": [],
+                                     "blake3": []}
     for version in range(repeats):
         t0 = time.perf_counter()
         sha = hashlib.sha256()
@@ -83,7 +93,14 @@ def bench_file_methods(tensors, workdir: Path, repeats: int, shard_bytes: int) -
             sha.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
         sha.hexdigest()
         times["sha256"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        digest_all = new_digest()
+        for t in tensors.values():
+            digest_all.update(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+        digest_all.hexdigest()
+        times["blake3"].append(time.perf_counter() - t0)
 
+        settle()
         t0 = time.perf_counter()
         save_file(tensors, raw_path)
         into(dest, load_file(raw_path).items())
@@ -91,6 +108,7 @@ def bench_file_methods(tensors, workdir: Path, repeats: int, shard_bytes: int) -
         if version == 0 and digest(dest) != expected:
             sys.exit("raw round trip changed the tensors")
 
+        settle()
         t0 = time.perf_counter()
         pub = store.publish(tensors.items(), version)
         t1 = time.perf_counter()
@@ -169,6 +187,7 @@ def main() -> None:
             ("  publish", times["publish"], ""),
             ("  load (verified)", times["load"], ""),
             ("(sha256 of all bytes, 1 thread)", times["sha256"], ""),
+            ("(blake3 of all bytes, all cores)", times["blake3"], ""),
         ]
         if not args.skip_collective:
             coll, coll_ok = bench_collective(model_dir, args.repeats, int(args.bucket_mb * (1 << 20)))

@@ -19,17 +19,17 @@ class ManifestIntegrityError(WeightIntegrityError):
 
 class ShardIntegrityError(WeightIntegrityError):
     def __init__(
-        self, shard: str, expected_sha256: str, actual_sha256: str, expected_nbytes: int, actual_nbytes: int
+        self, shard: str, expected_digest: str, actual_digest: str, expected_nbytes: int, actual_nbytes: int
     ) -> None:
         self.shard = shard
-        self.expected_sha256 = expected_sha256
-        self.actual_sha256 = actual_sha256
+        self.expected_digest = expected_digest
+        self.actual_digest = actual_digest
         self.expected_nbytes = expected_nbytes
         self.actual_nbytes = actual_nbytes
         what = "truncated" if actual_nbytes < expected_nbytes else "corrupted"
         super().__init__(
-            f"weight shard {shard} is {what}: sha256 {actual_sha256} ({actual_nbytes} bytes), "
-            f"expected {expected_sha256} ({expected_nbytes} bytes)"
+            f"weight shard {shard} is {what}: BLAKE3 {actual_digest} ({actual_nbytes} bytes), "
+            f"expected {expected_digest} ({expected_nbytes} bytes)"
         )
 
 

@@ -1,5 +1,5 @@
-"""The safetensors file format, written and read in a streaming, zero-copy way with the sha256 computed on the
-same pass. Files are standard safetensors (``safetensors.torch.load_file`` reads them); what this adds over the
+"""The safetensors file format, written and read in a streaming, zero-copy way with the BLAKE3 digest computed on
+the same pass. Files are standard safetensors (``safetensors.torch.load_file`` reads them); what this adds over the
 library's ``save``/``load`` of bytes is that no serialised copy of a shard is ever built: tensor memory goes
 straight to the file while being hashed, and tensors read back are views over the one buffer the file was read
 into (which is hashed first).
@@ -11,12 +11,11 @@ largest first, so each starts at a multiple of its element size.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import BinaryIO
 
+import blake3
 import torch
 
 _CODES: dict[torch.dtype, str] = {
@@ -40,30 +39,14 @@ _DTYPES = {code: dtype for dtype, code in _CODES.items()}
 CHUNK_BYTES = 16 << 20  # write/read and hash granularity
 
 
-class OverlappedSha256:
-    """sha256 computed on a background thread, in submission order, so hashing overlaps the caller's I/O
-    (hashlib and file I/O both release the GIL). Chunks must stay unmodified until :meth:`hexdigest`."""
+def new_digest():
+    """The shard digest: BLAKE3 (cryptographic, like sha256, and about 7x faster on this project's 2-core machine:
+    11 GB/s on both cores against sha256's 1.6 GB/s, so hashing no longer bounds a weight sync)."""
+    return blake3.blake3(max_threads=blake3.blake3.AUTO)
 
-    def __init__(self) -> None:
-        self._digest = hashlib.sha256()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-        self._pending: list[Future] = []
 
-    def update(self, chunk: bytes | memoryview) -> None:
-        self._pending.append(self._pool.submit(self._digest.update, chunk))
-        if len(self._pending) > 64:  # keep the list short; the worker is rarely that far behind
-            self._pending.pop(0).result()
-
-    def hexdigest(self) -> str:
-        try:
-            for fut in self._pending:
-                fut.result()
-            return self._digest.hexdigest()
-        finally:
-            self._pool.shutdown(wait=True)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+def digest_of(data) -> str:
+    return new_digest().update(data).hexdigest()
 
 
 class SafetensorsFormatError(ValueError):
@@ -77,7 +60,7 @@ def _as_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def write_safetensors(fh: BinaryIO, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> tuple[int, str]:
-    """Write ``tensors`` to ``fh`` as a safetensors file; returns ``(bytes written, sha256 hex)``."""
+    """Write ``tensors`` to ``fh`` as a safetensors file; returns ``(bytes written, BLAKE3 hex digest)``."""
     order = sorted(tensors, key=lambda n: (-tensors[n].element_size(), n))
     header: dict[str, object] = {}
     if metadata:
@@ -92,23 +75,19 @@ def write_safetensors(fh: BinaryIO, tensors: dict[str, torch.Tensor], metadata: 
         offset += size
     body = json.dumps(header, separators=(",", ":")).encode()
     body += b" " * (-(8 + len(body)) % 8)
-    digest = OverlappedSha256()
+    digest = new_digest()
     written = 0
-    try:
-        for chunk in (struct.pack("<Q", len(body)), body):
-            digest.update(chunk)
-            fh.write(chunk)
-            written += len(chunk)
-        for name in order:
-            data = _as_bytes(tensors[name])
-            for start in range(0, len(data), CHUNK_BYTES):
-                piece = data[start : start + CHUNK_BYTES]
-                digest.update(piece)
-                fh.write(piece)
-                written += len(piece)
-    except BaseException:
-        digest.close()
-        raise
+    for chunk in (struct.pack("<Q", len(body)), body):
+        digest.update(chunk)
+        fh.write(chunk)
+        written += len(chunk)
+    for name in order:
+        data = _as_bytes(tensors[name])
+        for start in range(0, len(data), CHUNK_BYTES):
+            piece = data[start : start + CHUNK_BYTES]
+            digest.update(piece)
+            fh.write(piece)
+            written += len(piece)
     return written, digest.hexdigest()
 
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -87,13 +88,13 @@ def test_corrupted_shard_is_refused_naming_shard_and_hashes(tmp_path: Path):
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF  # one flipped bit pattern in the tensor data
     victim.write_bytes(bytes(data))
-    expected = json.loads((tmp_path / "v00000001" / "manifest.json").read_text())["shards"][1]["sha256"]
+    expected = json.loads((tmp_path / "v00000001" / "manifest.json").read_text())["shards"][1]["blake3"]
     with pytest.raises(ShardIntegrityError, match=f"{victim.name} is corrupted") as err:
         load_weights(pub.uri, pub.sha256)
     assert err.value.shard.endswith(victim.name)
-    assert err.value.expected_sha256 == expected
-    assert err.value.actual_sha256 == hashlib.sha256(bytes(data)).hexdigest()
-    assert expected in str(err.value) and err.value.actual_sha256 in str(err.value)
+    assert err.value.expected_digest == expected
+    assert err.value.actual_digest == blake3.blake3(bytes(data)).hexdigest()
+    assert expected in str(err.value) and err.value.actual_digest in str(err.value)
 
 
 def test_truncated_shard_is_refused(tmp_path: Path):
