@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "roles",
     "run",
     "report",
+    "k8s",
 )
 
 

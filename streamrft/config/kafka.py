@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -122,6 +122,21 @@ class TopicsConfig(Section):
     sync: TopicConfig = TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS)
     metrics: TopicConfig = TopicConfig(partitions=1)
     dlq: TopicConfig = TopicConfig(partitions=1, retention_ms=30 * _DAY_MS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _over_each_topics_defaults(cls, data: Any) -> Any:
+        """``sync: {replication_factor: 3}`` changes that key only: the rest keeps the topic's own defaults
+        (its compaction, its partitions), not TopicConfig's."""
+        if not isinstance(data, dict):
+            return data
+        merged = {}
+        for name, value in data.items():
+            field = cls.model_fields.get(name)
+            if field is not None and isinstance(value, dict):
+                value = {**field.default.model_dump(), **value}
+            merged[name] = value
+        return merged
 
     @field_validator("sync")
     @classmethod

@@ -14,6 +14,7 @@ from streamrft.errors import ConfigError
 from .base import Section, explain
 from .environment import read_environment
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
+from .kubernetes import KubernetesConfig
 from .limits import LimitsConfig
 from .roles import ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
 
@@ -37,6 +38,7 @@ class RunConfig(Section):
     monitor: MonitorConfig = MonitorConfig()
     launch: LaunchConfig = LaunchConfig()
     limits: LimitsConfig = LimitsConfig()
+    kubernetes: KubernetesConfig = KubernetesConfig()
 
     model_config = Section.model_config | {"populate_by_name": True}
 
@@ -61,6 +63,12 @@ class RunConfig(Section):
                 "rollout.engine: vllm reports logprobs after top-k/top-p renormalisation, which the trainer "
                 f"cannot reproduce; set rollout.sampling.top_k: 0 and top_p: 1.0 (got {sampling.top_k}, "
                 f"{sampling.top_p}), or use engine: transformers")
+        partitions, wanted = self.topics.rollouts.partitions, self.kubernetes.rollout_max_replicas
+        if wanted is not None and wanted > partitions:
+            raise ValueError(
+                f"kubernetes.rollout_max_replicas ({wanted}) is more than topics.rollouts.partitions "
+                f"({partitions}): a rollout worker beyond the partition count gets no work; raise the partitions "
+                "or lower the replicas")
         if explorer.eval_interval is not None and not explorer.eval_tasksets:
             raise ValueError("explorer.eval_interval is set but explorer.eval_tasksets is empty; add a taskset "
                              "or remove eval_interval")

@@ -265,3 +265,12 @@ def test_the_staleness_policy_that_keeps_stale_experiences_is_importance_weight(
         == "importance_weight"
     assert load_config(overrides={"trainer": {"staleness_policy": "importance_weight"}},
                        env={}).trainer.staleness_policy == "importance_weight"
+
+
+def test_a_topic_override_keeps_that_topics_other_defaults():
+    from streamrft.config import load_config
+
+    config = load_config(overrides={"topics": {"sync": {"replication_factor": 3}, "rollouts": {"retention_ms": 1}}},
+                         env={})
+    assert config.topics.sync.replication_factor == 3 and config.topics.sync.cleanup_policy == "compact,delete"
+    assert config.topics.rollouts.partitions == 16 and config.topics.rollouts.retention_ms == 1

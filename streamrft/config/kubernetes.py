@@ -1,0 +1,33 @@
+"""``kubernetes``: how ``streamrft k8s`` lays a run out on a cluster (Strimzi for Kafka, KEDA for autoscaling,
+the Prometheus operator for scraping). Only the renderer reads it; the roles never do."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Section
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class KubernetesConfig(Section):
+    namespace: str = Field(default="streamrft", pattern=_DNS_LABEL)
+    image: str = Field(default="streamrft:latest", min_length=1, description="the image of compose/Dockerfile")
+    kafka_cluster: str = Field(default="streamrft", pattern=_DNS_LABEL,
+                               description="name of the Strimzi Kafka resource the run's topics belong to")
+    kafka_listener_port: int = Field(default=9092, ge=1, le=65535,
+                                     description="the Strimzi listener the roles connect to "
+                                                 "(<kafka_cluster>-kafka-bootstrap:<port>)")
+    shared_volume_claim: str = Field(default="streamrft-shared", pattern=_DNS_LABEL,
+                                     description="a ReadWriteMany claim mounted at /shared in every role (model "
+                                                 "cache, checkpoints, weights when they go through a file URL)")
+    secret: str | None = Field(default=None, pattern=_DNS_LABEL,
+                               description="a Secret whose keys become the roles' environment (e.g. "
+                                           "STREAMRFT_KAFKA__SASL_PASSWORD); never written into the manifests")
+    trainer_gpus: int = Field(default=1, ge=0)
+    rollout_gpus: int = Field(default=1, ge=0)
+    rollout_min_replicas: int = Field(default=1, ge=0)
+    rollout_max_replicas: int | None = Field(
+        default=None, ge=1, description="default and upper bound: the rollouts topic's partitions (a member "
+                                        "beyond them would get no partition; KEDA caps it there too)")
+    rollout_lag_threshold: int = Field(default=4, ge=1,
+                                       description="KEDA adds a worker per this many requests of lag on rollouts")

@@ -1,0 +1,203 @@
+"""The Kubernetes manifests of a run, rendered from its config so that the two cannot disagree.
+
+What a run gets (``kubernetes`` section of the config for the cluster-side names):
+
+* the run config as a ConfigMap, mounted at ``/config/run.yaml`` in every role; cluster addresses come as
+  ``STREAMRFT_*`` variables, secrets from the Secret named by ``kubernetes.secret`` (never in the manifests);
+* a Strimzi ``KafkaTopic`` for each of the run's topics and dead-letter topics, partitions and topic configs from
+  ``topics`` (the roles' own ``ensure_topics`` then finds them in place);
+* the explorer and the monitor as one-replica Deployments (``Recreate``: never two explorers of one run), the
+  trainer as a Job with ``trainer_gpus`` GPUs (``OnFailure``: a restarted trainer resumes from its checkpoint);
+* the rollout workers as a Deployment scaled by a KEDA ``ScaledObject`` on the ``<run>.rollout`` group's lag on
+  ``rollouts`` (``lagThreshold`` = ``kubernetes.rollout_lag_threshold``; at most the topic's partitions, since a
+  worker beyond them gets no partition);
+* a Service and a ``ServiceMonitor`` per role for the Prometheus operator, on the role's ``metrics_port``.
+
+Files the roles share -- the model cache, checkpoints, and weights published through a ``file://`` URL -- live on
+the ReadWriteMany claim ``kubernetes.shared_volume_claim`` mounted at ``/shared``; a config that puts them
+anywhere else is refused with what to change (a pod's own disk is gone when it moves).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import TOPIC_NAMES, RunConfig
+from ..errors import ConfigError
+
+SHARED = "/shared"
+CONFIG_PATH = "/config/run.yaml"
+STRIMZI = "kafka.strimzi.io/v1beta2"
+# role -> (the streamrft command that runs it, its config section)
+ROLES = {"explorer": "explorer", "rollout": "rollout", "trainer": "train", "monitor": "monitor"}
+SECTIONS = {"explorer": "explorer", "rollout": "rollout", "trainer": "trainer", "monitor": "monitor"}
+
+
+def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
+    """Every manifest of the run, in apply order; ``config_text`` is the run config file as written."""
+    check_deployable(config)
+    k8s = config.kubernetes
+    out: list[dict[str, Any]] = [_config_map(config, config_text)]
+    out += [_kafka_topic(config, name, layout) for name, layout in _topics(config).items()]
+    for role in ROLES:
+        out.append(_workload(config, role))
+        if _metrics_port(config, role) is not None:
+            out += [_service(config, role), _service_monitor(config, role)]
+    out.append(_scaled_object(config))
+    for manifest in out:
+        manifest["metadata"].setdefault("namespace", k8s.namespace)
+    return out
+
+
+def check_deployable(config: RunConfig) -> None:
+    """ConfigError, with what to change, for a config whose roles could not find each other's files."""
+    problems = []
+    if not config.checkpoint_dir.is_absolute() or not str(config.checkpoint_dir).startswith(SHARED + "/"):
+        problems.append(f"trainer.checkpoint_dir is {config.checkpoint_dir}: put it under {SHARED}/ (the shared "
+                        "claim), or a restarted trainer cannot resume")
+    url = config.trainer.weights.url
+    if config.trainer.weights.method == "object_store" and (not url or url.startswith("file://")):
+        path = config.weights_url.removeprefix("file://")
+        if not path.startswith(SHARED + "/"):
+            problems.append(f"trainer.weights.url is {config.weights_url}: workers on other pods cannot read it; "
+                            f"use an object store (s3://...) or a file:// URL under {SHARED}/")
+    if config.kafka.sasl_password is not None or config.schema_registry.basic_auth_user_info is not None:
+        problems.append("the config file holds a secret: move it to the Secret named by kubernetes.secret "
+                        "(STREAMRFT_KAFKA__SASL_PASSWORD, STREAMRFT_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO)")
+    if problems:
+        raise ConfigError("cannot deploy this run on Kubernetes:\n- " + "\n- ".join(problems))
+
+
+def _topics(config: RunConfig):
+    out = {}
+    for name in TOPIC_NAMES:
+        out[config.topic(name)] = getattr(config.topics, name)
+        out[config.dlq_topic(config.topic(name))] = config.topics.dlq
+    return out
+
+
+def _labels(config: RunConfig, role: str | None = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/name": "streamrft", "app.kubernetes.io/instance": config.name}
+    if role is not None:
+        labels["app.kubernetes.io/component"] = role
+    return labels
+
+
+def resource_name(config: RunConfig, what: str) -> str:
+    """``<run>-<what>`` as a DNS label (run names may hold '.' and '_')."""
+    return f"{config.name}-{what}".lower().replace(".", "-").replace("_", "-")
+
+
+def _config_map(config: RunConfig, config_text: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": resource_name(config, "config"), "labels": _labels(config)},
+            "data": {"run.yaml": config_text}}
+
+
+def _kafka_topic(config: RunConfig, name: str, layout) -> dict[str, Any]:
+    spec: dict[str, Any] = {"partitions": layout.partitions, "config": layout.kafka_config()}
+    if layout.replication_factor > 0:  # else the cluster's default.replication.factor
+        spec["replicas"] = layout.replication_factor
+    return {"apiVersion": STRIMZI, "kind": "KafkaTopic",
+            "metadata": {"name": name.lower().replace("_", "-"),
+                         "labels": {**_labels(config), "strimzi.io/cluster": config.kubernetes.kafka_cluster}},
+            "spec": {"topicName": name, **spec}}
+
+
+def bootstrap_servers(config: RunConfig) -> str:
+    k8s = config.kubernetes
+    return f"{k8s.kafka_cluster}-kafka-bootstrap:{k8s.kafka_listener_port}"
+
+
+def _environment(config: RunConfig) -> list[dict[str, Any]]:
+    env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers(config),
+           "STREAMRFT_METRICS_HOST": "0.0.0.0",  # scraped from other pods
+           "STREAMRFT_CACHE_DIR": f"{SHARED}/cache",
+           "OMP_WAIT_POLICY": "PASSIVE"}
+    return [{"name": key, "value": value} for key, value in env.items()]
+
+
+def _metrics_port(config: RunConfig, role: str) -> int | None:
+    return getattr(config, SECTIONS[role]).metrics_port
+
+
+def _container(config: RunConfig, role: str) -> dict[str, Any]:
+    k8s = config.kubernetes
+    container: dict[str, Any] = {
+        "name": role, "image": k8s.image, "command": ["streamrft", ROLES[role], CONFIG_PATH],
+        "env": _environment(config),
+        "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True},
+                         {"name": "shared", "mountPath": SHARED}],
+    }
+    if k8s.secret is not None:
+        container["envFrom"] = [{"secretRef": {"name": k8s.secret}}]
+    port = _metrics_port(config, role)
+    if port is not None:
+        container["ports"] = [{"name": "metrics", "containerPort": port}]
+    gpus = {"trainer": k8s.trainer_gpus, "rollout": k8s.rollout_gpus}.get(role, 0)
+    if gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+    return container
+
+
+def _pod(config: RunConfig, role: str, restart: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": restart,
+        # a role that gets SIGTERM finishes its unit of work and commits (compose: stop_grace_period)
+        "terminationGracePeriodSeconds": 60,
+        "containers": [_container(config, role)],
+        "volumes": [{"name": "config", "configMap": {"name": resource_name(config, "config")}},
+                    {"name": "shared", "persistentVolumeClaim": {"claimName": config.kubernetes.shared_volume_claim}}],
+    }
+    if role in ("rollout", "trainer") and not config.model.path.startswith("/"):
+        spec["initContainers"] = [{  # the model into the shared cache once; a no-op when it is there
+            "name": "model", "image": config.kubernetes.image,
+            "command": ["streamrft", "model", "prepare", config.model.path],
+            "env": _environment(config), "volumeMounts": [{"name": "shared", "mountPath": SHARED}]}]
+    return {"metadata": {"labels": _labels(config, role)}, "spec": spec}
+
+
+def _workload(config: RunConfig, role: str) -> dict[str, Any]:
+    name = resource_name(config, role)
+    if role == "trainer":
+        return {"apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": name, "labels": _labels(config, role)},
+                "spec": {"backoffLimit": 10, "template": _pod(config, role, "OnFailure")}}
+    replicas = config.kubernetes.rollout_min_replicas if role == "rollout" else 1
+    strategy = {"type": "RollingUpdate"} if role == "rollout" else {"type": "Recreate"}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "labels": _labels(config, role)},
+            "spec": {"replicas": replicas, "strategy": strategy,
+                     "selector": {"matchLabels": _labels(config, role)},
+                     "template": _pod(config, role, "Always")}}
+
+
+def _service(config: RunConfig, role: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": resource_name(config, role), "labels": _labels(config, role)},
+            "spec": {"clusterIP": "None", "selector": _labels(config, role),
+                     "ports": [{"name": "metrics", "port": _metrics_port(config, role), "targetPort": "metrics"}]}}
+
+
+def _service_monitor(config: RunConfig, role: str) -> dict[str, Any]:
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+            "metadata": {"name": resource_name(config, role), "labels": _labels(config, role)},
+            "spec": {"selector": {"matchLabels": _labels(config, role)},
+                     "endpoints": [{"port": "metrics", "interval": "15s"}]}}
+
+
+def _scaled_object(config: RunConfig) -> dict[str, Any]:
+    k8s = config.kubernetes
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+            "metadata": {"name": resource_name(config, "rollout"), "labels": _labels(config, "rollout")},
+            "spec": {
+                "scaleTargetRef": {"name": resource_name(config, "rollout")},
+                "minReplicaCount": k8s.rollout_min_replicas,
+                "maxReplicaCount": k8s.rollout_max_replicas or config.topics.rollouts.partitions,
+                "triggers": [{"type": "kafka", "metadata": {
+                    "bootstrapServers": bootstrap_servers(config),
+                    "consumerGroup": config.group("rollout"),
+                    "topic": config.topic("rollouts"),
+                    "lagThreshold": str(k8s.rollout_lag_threshold),
+                    "offsetResetPolicy": "earliest",
+                    # KEDA's own cap is the partition count too; say so rather than rely on it
+                    "allowIdleConsumers": "false"}}]}}

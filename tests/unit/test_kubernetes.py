@@ -1,0 +1,150 @@
+"""The Kubernetes manifests agree with the run config, without a cluster: what `streamrft k8s` renders and the
+committed compose/k8s/streamrft.yaml (the same thing, so it cannot drift), checked the way a cluster would
+(names, selectors, ports, env) and against the config (topics, groups, KEDA bounds)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from streamrft.config import load_config
+from streamrft.deploy.kubernetes import render
+from streamrft.errors import ConfigError
+
+K8S = Path(__file__).resolve().parents[2] / "compose" / "k8s"
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+KNOWN = {("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"), ("batch/v1", "Job"),
+         ("kafka.strimzi.io/v1beta2", "KafkaTopic"), ("keda.sh/v1alpha1", "ScaledObject"),
+         ("monitoring.coreos.com/v1", "ServiceMonitor")}
+PROCESS_VARS = {"STREAMRFT_CACHE_DIR", "OMP_WAIT_POLICY"}  # read by the model cache / OpenMP, not config keys
+
+
+@pytest.fixture(scope="module")
+def config():
+    return load_config(K8S / "run.yaml", env={})
+
+
+@pytest.fixture(scope="module")
+def manifests(config):
+    return render(config, (K8S / "run.yaml").read_text())
+
+
+def _by_kind(manifests, kind):
+    return {m["metadata"]["name"]: m for m in manifests if m["kind"] == kind}
+
+
+def _pod_specs(manifests):
+    for m in manifests:
+        if m["kind"] in ("Deployment", "Job"):
+            yield m, m["spec"]["template"]["spec"]
+
+
+def test_the_committed_manifests_are_what_the_config_renders(manifests):
+    assert list(yaml.safe_load_all((K8S / "streamrft.yaml").read_text())) == manifests, (
+        "compose/k8s/streamrft.yaml is stale: streamrft k8s compose/k8s/run.yaml -o compose/k8s/streamrft.yaml")
+
+
+def test_every_manifest_is_a_known_kind_with_a_valid_unique_name(manifests, config):
+    seen = set()
+    for m in manifests:
+        assert (m["apiVersion"], m["kind"]) in KNOWN, m["kind"]
+        name = m["metadata"]["name"]
+        assert (DNS_SUBDOMAIN if m["kind"] == "KafkaTopic" else DNS_LABEL).match(name), name
+        assert m["metadata"]["namespace"] == config.kubernetes.namespace
+        assert (m["kind"], name) not in seen
+        seen.add((m["kind"], name))
+
+
+def test_topics_are_the_runs_topics_with_their_layout(manifests, config):
+    topics = {m["spec"]["topicName"]: m for m in _by_kind(manifests, "KafkaTopic").values()}
+    names = {config.topic(n) for n in ("tasks", "rollouts", "experiences", "results", "sync", "metrics")}
+    assert set(topics) == names | {config.dlq_topic(n) for n in names}
+    rollouts = topics[config.topic("rollouts")]
+    assert rollouts["spec"]["partitions"] == config.topics.rollouts.partitions == 16
+    assert rollouts["spec"]["replicas"] == 3
+    assert topics[config.topic("sync")]["spec"]["config"]["cleanup.policy"] == "compact,delete"
+    assert {m["metadata"]["labels"]["strimzi.io/cluster"] for m in topics.values()} == {"streamrft"}
+
+
+def test_roles_run_their_command_on_the_config_with_real_config_keys(manifests, config):
+    commands = {}
+    for workload, pod in _pod_specs(manifests):
+        (container,) = pod["containers"]
+        commands[workload["metadata"]["labels"]["app.kubernetes.io/component"]] = container["command"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        # every STREAMRFT_* variable is a config key: loading the config with them applies each one
+        config_env = {k: v for k, v in env.items() if k.startswith("STREAMRFT_") and k not in PROCESS_VARS}
+        loaded = load_config(K8S / "run.yaml", env=config_env)
+        assert loaded.kafka.bootstrap_servers == "streamrft-kafka-bootstrap:9092"
+        assert loaded.metrics_host == "0.0.0.0"
+        assert set(env) - set(config_env) <= PROCESS_VARS
+        volumes = {v["name"] for v in pod["volumes"]}
+        assert {m["name"] for m in container["volumeMounts"]} <= volumes
+        assert pod["volumes"][0]["configMap"]["name"] in _by_kind(manifests, "ConfigMap")
+    assert commands == {"explorer": ["streamrft", "explorer", "/config/run.yaml"],
+                        "rollout": ["streamrft", "rollout", "/config/run.yaml"],
+                        "trainer": ["streamrft", "train", "/config/run.yaml"],
+                        "monitor": ["streamrft", "monitor", "/config/run.yaml"]}
+    (config_map,) = _by_kind(manifests, "ConfigMap").values()
+    assert load_config(K8S / "run.yaml", env={}) == config  # the ConfigMap holds the file itself
+    assert config_map["data"]["run.yaml"] == (K8S / "run.yaml").read_text()
+
+
+def test_gpus_trainer_job_and_single_explorer(manifests, config):
+    deployments, jobs = _by_kind(manifests, "Deployment"), _by_kind(manifests, "Job")
+    trainer = jobs["demo-trainer"]["spec"]["template"]["spec"]
+    assert trainer["restartPolicy"] == "OnFailure"
+    assert trainer["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == config.kubernetes.trainer_gpus
+    assert deployments["demo-explorer"]["spec"]["replicas"] == 1
+    assert deployments["demo-explorer"]["spec"]["strategy"]["type"] == "Recreate"
+    rollout = deployments["demo-rollout"]["spec"]
+    assert rollout["selector"]["matchLabels"].items() <= rollout["template"]["metadata"]["labels"].items()
+    assert rollout["template"]["spec"]["initContainers"][0]["command"] == ["streamrft", "model", "prepare",
+                                                                           "smollm2-135m"]
+
+
+def test_services_and_monitors_reach_each_roles_metrics_port(manifests, config):
+    services, monitors = _by_kind(manifests, "Service"), _by_kind(manifests, "ServiceMonitor")
+    pods = {w["metadata"]["name"]: (w["spec"]["template"]["metadata"]["labels"], pod) for w, pod in
+            _pod_specs(manifests)}
+    ports = {"explorer": config.explorer.metrics_port, "rollout": config.rollout.metrics_port,
+             "trainer": config.trainer.metrics_port, "monitor": config.monitor.metrics_port}
+    for role, port in ports.items():
+        service = services[f"demo-{role}"]
+        labels, pod = pods[f"demo-{role}"]
+        assert service["spec"]["selector"].items() <= labels.items()
+        assert pod["containers"][0]["ports"] == [{"name": "metrics", "containerPort": port}]
+        assert service["spec"]["ports"][0] == {"name": "metrics", "port": port, "targetPort": "metrics"}
+        monitor = monitors[f"demo-{role}"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_keda_scales_the_rollout_workers_on_their_groups_lag(manifests, config):
+    (scaled,) = _by_kind(manifests, "ScaledObject").values()
+    assert scaled["spec"]["scaleTargetRef"]["name"] in _by_kind(manifests, "Deployment")
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "kafka"
+    assert trigger["metadata"]["consumerGroup"] == config.group("rollout") == "demo.rollout"
+    assert trigger["metadata"]["topic"] == config.topic("rollouts")
+    assert trigger["metadata"]["lagThreshold"] == str(config.kubernetes.rollout_lag_threshold)
+    assert scaled["spec"]["maxReplicaCount"] == config.topics.rollouts.partitions
+
+
+def test_configs_that_cannot_work_on_a_cluster_are_refused_with_what_to_change(config):
+    with pytest.raises(ConfigError, match="rollout_max_replicas .* is more than topics.rollouts.partitions"):
+        load_config(K8S / "run.yaml", overrides={"kubernetes": {"rollout_max_replicas": 17}}, env={})
+    local = load_config(K8S / "run.yaml", overrides={"trainer": {"checkpoint_dir": "runs/x", "weights": {
+        "url": "file:///tmp/w"}}}, env={})
+    with pytest.raises(ConfigError) as err:
+        render(local, "")
+    assert "trainer.checkpoint_dir" in str(err.value) and "workers on other pods cannot read it" in str(err.value)
+    secret = load_config(K8S / "run.yaml", overrides={"kafka": {"sasl_mechanism": "SCRAM-SHA-512",
+                                                                "sasl_username": "u", "sasl_password": "hunter2"}},
+                         env={})
+    with pytest.raises(ConfigError, match="holds a secret") as err:
+        render(secret, "")
+    assert "hunter2" not in str(err.value)
