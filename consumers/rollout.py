@@ -27,6 +27,7 @@ Requests are checked where they are read (``streamrft.validation.check_request``
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -120,9 +121,10 @@ class RolloutWorker:
         self.runtime.on_close("workflows", self.pool.close)
         self.ledger = RequestLedger()
         self._backlog: list[Delivered[RolloutRequest]] = []  # read, not started
-        self._running: dict[tuple[str, int, int], tuple[Delivered[RolloutRequest], float]] = {}  # by where
+        # (topic, partition, offset, admission) -> the request and when it started
+        self._running: dict[tuple[str, int, int, int], tuple[Delivered[RolloutRequest], float]] = {}
         self._outcomes: list[tuple[tuple[str, int, int], Outcome, int]] = []  # (where, outcome, step), to commit
-        self._paused = False
+        self._admissions = itertools.count()
         self._last_commit = time.monotonic()
         self.weights = WeightFollower(config, self.engine, self.worker_id, self.runtime.registry)
         self.runtime.on_close("weight follower", self.weights.close)
@@ -175,12 +177,10 @@ class RolloutWorker:
     def _read(self, room: int) -> None:
         """Poll up to ``room`` requests into the backlog. With no room the partitions are paused (librdkafka
         stops fetching: the worker's backpressure) and the poll only serves the group's callbacks."""
-        if room > 0 and self._paused:
+        if room > 0 and self.consumer.paused:
             self.consumer.resume()
-            self._paused = False
-        elif room == 0 and not self._paused:
+        elif room == 0 and not self.consumer.paused:
             self.consumer.pause()
-            self._paused = True
         idle = not (self.pool.running or self._backlog or self._outcomes)
         items = self.consumer.poll(max_records=max(room, 1), timeout=0.5 if idle else 0.0)
         # rebalance callbacks run inside the poll: before anything else is committed, what was revoked is
@@ -243,7 +243,9 @@ class RolloutWorker:
                 self._swap_for(request)
                 continue
             else:  # 4.
-                key = (item.topic, item.partition, item.offset)
+                # unique per admission: a request given back to this worker by a rebalance is admitted anew
+                # while its cancelled first run may still be winding down under the old key
+                key = (item.topic, item.partition, item.offset, next(self._admissions))
                 self._running[key] = (item, time.monotonic())
                 self.pool.start(key, request.task, request.repeat_times, self._sampling_for(request))
             self._backlog.pop(0)

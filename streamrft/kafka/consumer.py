@@ -75,6 +75,7 @@ class RecordConsumer(Generic[R]):
         # partitions taken away since the last take_revoked(): their position restarts from the committed offset
         # when they come back, so whatever was read from them and not committed is read again
         self._revoked: set[tuple[str, int]] = set()
+        self.paused = False  # see pause(): also applied to partitions assigned while paused
         if subscribe:
             self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
@@ -83,6 +84,13 @@ class RecordConsumer(Generic[R]):
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         logger.info("%s assigned %s", self.group_id, _describe(partitions))
         self.assigned.update((tp.topic, tp.partition) for tp in partitions)
+        # librdkafka keeps a partition's pause flag across rebalances: a partition paused under an earlier
+        # assignment would come back paused for good. Each partition gets the consumer's current state.
+        consumer.assign(partitions)
+        if self.paused:
+            consumer.pause(partitions)
+        else:
+            consumer.resume(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         logger.info("%s revoked %s", self.group_id, _describe(partitions))
@@ -228,9 +236,12 @@ class RecordConsumer(Generic[R]):
 
     # -- flow control ---------------------------------------------------------------------------------------
     def pause(self) -> None:
+        """Stop fetching from every assigned partition, and from those assigned later, until :meth:`resume`."""
+        self.paused = True
         self._consumer.pause(self._consumer.assignment())
 
     def resume(self) -> None:
+        self.paused = False
         self._consumer.resume(self._consumer.assignment())
 
     def assignment(self) -> list[TopicPartition]:
