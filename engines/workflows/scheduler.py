@@ -16,13 +16,14 @@ workflow's samples do not depend on what it was batched with.
 """
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from streamrft.schemas import Task
 
-from ..inference.base import Completion, EngineError, InferenceEngine, Prompt, SamplingParams
+from ..inference.base import Completion, EngineError, InferenceEngine, Prompt, SamplingParams, per_prompt_params
 from .base import WorkflowError, WorkflowSample, run_workflow
 from .limits import WorkLimits
 
@@ -58,7 +59,7 @@ class SharedEngine(InferenceEngine):
         self._cond = threading.Condition()
         self._queued: list[_Waiting] = []  # calls not yet handed to the engine
         self._running: dict[int, _Waiting] = {}  # id -> calls the engine has
-        self._ids = iter(range(1 << 62))
+        self._ids = itertools.count()
         self._local = threading.local()
         self.cancelled: set[Hashable] = set()
         self.live = 0  # workflows started and not finished
@@ -159,7 +160,6 @@ class WorkflowPool:
     """Workflows by key, each in its own thread, on one :class:`SharedEngine` that :meth:`drive` steps."""
 
     def __init__(self, engine: InferenceEngine, limits: WorkLimits | None = None) -> None:
-        self.engine = engine
         self.shared = SharedEngine(engine, limits or WorkLimits())
         self._lock = threading.Lock()
         self._threads: dict[Hashable, threading.Thread] = {}
@@ -225,8 +225,6 @@ def run_workflows(
 ) -> list[Outcome]:
     """:func:`run_workflow` for each task, side by side on one engine. Returns, per task, its samples or the
     :class:`WorkflowError` it failed with (one failing task does not fail the others)."""
-    from ..inference.base import per_prompt_params
-
     repeats = list(repeat_times) if isinstance(repeat_times, Sequence) else [repeat_times] * len(tasks)
     if len(repeats) != len(tasks):
         raise ValueError(f"{len(repeats)} repeat_times for {len(tasks)} tasks")

@@ -13,7 +13,7 @@ from streamrft.errors import ConfigError
 
 from .base import Section, explain
 from .environment import read_environment
-from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicsConfig
+from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicConfig, TopicsConfig
 from .kubernetes import KubernetesConfig
 from .limits import LimitsConfig
 from .roles import ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
@@ -115,6 +115,14 @@ class RunConfig(Section):
 
     def dlq_topic(self, source_topic: str) -> str:
         return f"{source_topic}.dlq"
+
+    def topic_layouts(self) -> dict[str, TopicConfig]:
+        """Every topic of the run (full name -> layout): the six data topics and their dead-letter topics."""
+        out = {}
+        for name in TOPIC_NAMES:
+            out[self.topic(name)] = getattr(self.topics, name)
+            out[self.dlq_topic(self.topic(name))] = self.topics.dlq
+        return out
 
     def group(self, role: str) -> str:
         """Consumer group id of a role, e.g. ``<run>.trainer``."""

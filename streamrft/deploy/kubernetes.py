@@ -21,15 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import TOPIC_NAMES, RunConfig
+from ..config import RunConfig
 from ..errors import ConfigError
 
 SHARED = "/shared"
 CONFIG_PATH = "/config/run.yaml"
 STRIMZI = "kafka.strimzi.io/v1beta2"
-# role -> (the streamrft command that runs it, its config section)
+# role (also the name of its config section) -> the streamrft command that runs it
 ROLES = {"explorer": "explorer", "rollout": "rollout", "trainer": "train", "monitor": "monitor"}
-SECTIONS = {"explorer": "explorer", "rollout": "rollout", "trainer": "trainer", "monitor": "monitor"}
 
 
 def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
@@ -37,7 +36,7 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
     check_deployable(config)
     k8s = config.kubernetes
     out: list[dict[str, Any]] = [_config_map(config, config_text)]
-    out += [_kafka_topic(config, name, layout) for name, layout in _topics(config).items()]
+    out += [_kafka_topic(config, name, layout) for name, layout in config.topic_layouts().items()]
     for role in ROLES:
         out.append(_workload(config, role))
         if _metrics_port(config, role) is not None:
@@ -65,14 +64,6 @@ def check_deployable(config: RunConfig) -> None:
                         "(STREAMRFT_KAFKA__SASL_PASSWORD, STREAMRFT_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO)")
     if problems:
         raise ConfigError("cannot deploy this run on Kubernetes:\n- " + "\n- ".join(problems))
-
-
-def _topics(config: RunConfig):
-    out = {}
-    for name in TOPIC_NAMES:
-        out[config.topic(name)] = getattr(config.topics, name)
-        out[config.dlq_topic(config.topic(name))] = config.topics.dlq
-    return out
 
 
 def _labels(config: RunConfig, role: str | None = None) -> dict[str, str]:
@@ -117,7 +108,7 @@ def _environment(config: RunConfig) -> list[dict[str, Any]]:
 
 
 def _metrics_port(config: RunConfig, role: str) -> int | None:
-    return getattr(config, SECTIONS[role]).metrics_port
+    return getattr(config, role).metrics_port
 
 
 def _container(config: RunConfig, role: str) -> dict[str, Any]:

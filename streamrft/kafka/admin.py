@@ -8,20 +8,14 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from ..config import TOPIC_NAMES, RunConfig, TopicConfig
-from .dlq import dlq_topic_of
+from ..config import RunConfig, TopicConfig
 
 logger = logging.getLogger(__name__)
 
 
 def run_topics(config: RunConfig) -> dict[str, TopicConfig]:
     """Every topic of a run (full name -> layout): the six data topics and their dead-letter topics."""
-    out = {}
-    for name in TOPIC_NAMES:
-        full = config.topic(name)
-        out[full] = getattr(config.topics, name)
-        out[dlq_topic_of(full)] = config.topics.dlq
-    return out
+    return config.topic_layouts()
 
 
 def ensure_topics(admin: AdminClient, topics: dict[str, TopicConfig], timeout: float = 30.0) -> list[str]:
