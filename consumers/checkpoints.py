@@ -9,9 +9,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from collections.abc import Callable
 
 from streamrft.errors import ConfigError
 from streamrft.kafka.consumer import Offsets
@@ -73,24 +71,23 @@ class Checkpoints:
         found = self._complete()
         return found[max(found)] if found else None
 
-    def save(self, step: int, engine_state: dict | None, offsets: Offsets, buffered: list[dict],
-             meta: dict) -> Path:
+    def save(self, step: int, write_engine: Callable[[Path], None] | None, offsets: Offsets,
+             buffered: list[dict], meta: dict) -> Path:
+        """``write_engine(directory)`` writes the training engine's state into the new checkpoint (on every rank
+        of a distributed trainer: the directory must be shared by them); None: a checkpoint of offsets only."""
         self.root.mkdir(parents=True, exist_ok=True)
         final = self.root / f"step-{step:08d}"
         tmp = self.root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            if engine_state is not None:
-                with open(tmp / "engine.pt", "wb") as fh:
-                    torch.save(engine_state, fh)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+            if write_engine is not None:
+                write_engine(tmp)
             with open(tmp / "buffer.jsonl", "w") as fh:
                 for entry in buffered:
                     fh.write(json.dumps({**entry, "value": base64.b64encode(entry["value"]).decode()}) + "\n")
                 fh.flush()
                 os.fsync(fh.fileno())
-            state = {"format": CHECKPOINT_FORMAT, "step": step, "has_model": engine_state is not None,
+            state = {"format": CHECKPOINT_FORMAT, "step": step, "has_model": write_engine is not None,
                      "offsets": [[t, p, o] for (t, p), o in sorted(offsets.items())], "buffered": len(buffered),
                      "created_at": now_ms(), **meta}
             with open(tmp / "state.json", "w") as fh:  # last: the marker of a complete checkpoint
@@ -105,7 +102,9 @@ class Checkpoints:
         self.prune()
         return final
 
-    def load(self, path: Path, map_location: Any = "cpu") -> tuple[Checkpoint, dict | None]:
+    def load(self, path: Path) -> Checkpoint:
+        """The checkpoint's step, offsets, buffer and meta; its engine state (``has_model``) is the engine's to
+        read from ``path`` (``TrainingEngine.load_state``)."""
         state = json.loads((path / "state.json").read_text())
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ConfigError(f"{path} is not a trainer checkpoint ({state.get('format')!r}, expected "
@@ -116,13 +115,9 @@ class Checkpoints:
                 entry = json.loads(line)
                 entry["value"] = base64.b64decode(entry["value"])
                 buffered.append(entry)
-        engine_state = None
-        if state["has_model"]:
-            with open(path / "engine.pt", "rb") as fh:
-                engine_state = torch.load(fh, map_location=map_location, weights_only=True)
         meta = {k: v for k, v in state.items() if k not in ("offsets", "step", "has_model")}
         offsets = {(t, int(p)): int(o) for t, p, o in state["offsets"]}
-        return Checkpoint(path, int(state["step"]), offsets, buffered, bool(state["has_model"]), meta), engine_state
+        return Checkpoint(path, int(state["step"]), offsets, buffered, bool(state["has_model"]), meta)
 
     def prune(self) -> None:
         """Keep the newest ``keep`` checkpoints; remove leftovers of interrupted saves."""

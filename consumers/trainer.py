@@ -45,11 +45,15 @@ from pathlib import Path
 
 from functools import partial
 
+import torch
+
 from prometheus_client import Counter, Gauge
 
 from streamrft.config import RunConfig
 from streamrft.engines.algorithms import apply_staleness
 from streamrft.engines.training import TrainingEngine, TrainingSettings
+from streamrft.engines.training.parallel import SingleProcess
+from streamrft.engines.training.ranks import RankZeroEngine
 from streamrft.errors import ConfigError
 from streamrft.kafka import KafkaClients, RecordProducer
 from streamrft.kafka.consumer import Delivered, Offsets
@@ -76,6 +80,16 @@ _EPOCH_MS_FROM = 10**12  # a --replay-from integer this large is epoch milliseco
 def training_settings(config: RunConfig) -> TrainingSettings:
     """The training engine's settings, derived by the run config (checked when it was loaded)."""
     return config.training_settings
+
+
+def build_engine(config: RunConfig, parallel: SingleProcess | None = None,
+                 device: torch.device | str | None = None) -> TrainingEngine:
+    """The run's training engine: its model in fp32 on ``device`` (default: ``trainer.device``), spread over
+    the ranks by ``parallel`` when given."""
+    if device is None and config.trainer.device != "auto":
+        device = config.trainer.device
+    return TrainingEngine.from_pretrained(resolve_model_path(config.model.path), training_settings(config),
+                                          device=device, parallel=parallel)
 
 
 def staleness_bound(config: RunConfig) -> int:
@@ -140,7 +154,8 @@ class _EndWatch:
 
 class Trainer:
     def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *, group: str | None = None,
-                 replay_from: str | ReplayStart | None = None, engine: TrainingEngine | None = None):
+                 replay_from: str | ReplayStart | None = None,
+                 engine: TrainingEngine | RankZeroEngine | None = None):
         self.config = config
         self.settings = config.trainer
         self.clients = clients
@@ -162,17 +177,14 @@ class Trainer:
         self.bound = staleness_bound(config)
         self.codec = SingleObjectCodec()  # checkpointed experiences: registry-independent single-object bytes
 
-        if engine is None:
-            device = None if self.settings.device == "auto" else self.settings.device
-            engine = TrainingEngine.from_pretrained(resolve_model_path(config.model.path),
-                                                    training_settings(config), device=device)
-        self.engine = engine
+        self.engine = engine if engine is not None else build_engine(config)
         self.runtime = RoleRuntime(config, clients, stop, role="trainer", source=self.source,
                                    transactional_id=f"{config.name}.{self.source}")  # fences an older instance
         self.sync = self.runtime.sync
         self.metrics = self.runtime.metrics
-        self.check = partial(check_experience, vocab_size=engine.model.get_input_embeddings().num_embeddings,
-                             max_tokens=getattr(engine.model.config, "max_position_embeddings", None))
+        model = self.engine.model
+        self.check = partial(check_experience, vocab_size=model.get_input_embeddings().num_embeddings,
+                             max_tokens=getattr(model.config, "max_position_embeddings", None))
         self.consumer = self.runtime.consumer("experiences", Experience, self.group_id, client_id=self.source,
                                               subscribe=False, check=self.check)
         self.publisher = None
@@ -374,7 +386,7 @@ class Trainer:
                      "value": self.codec.encode(i.record)} for i in self.buffer.items()]
         meta = {"group": self.group_id, "published_version": self.published_version,
                 "model_path": self.config.model.path}
-        path = self.checkpoints.save(self.step, self.engine.state_dict() if with_model else None,
+        path = self.checkpoints.save(self.step, self.engine.save_state if with_model else None,
                                      self.consumer.positions(), buffered, meta)
         self.checkpointed_step = self.step
         logger.info("%s: checkpoint %s (%d buffered) in %.1fs", self.source, path, len(buffered),
@@ -410,9 +422,9 @@ class Trainer:
                     self.source, self.step, self.group_id, len(self.buffer), self.bound, self.checkpoints.root)
 
     def _resume(self, path: Path, partitions: Offsets) -> Offsets:
-        checkpoint, engine_state = self.checkpoints.load(path, map_location=self.engine.device)
-        if engine_state is not None:
-            self.engine.load_state_dict(engine_state)
+        checkpoint = self.checkpoints.load(path)
+        if checkpoint.has_model:
+            self.engine.load_state(path)
         self.step = self.checkpointed_step = checkpoint.step
         self.published_version = int(checkpoint.meta.get("published_version", -1))
         now = time.monotonic()

@@ -2,7 +2,9 @@
 of work and leave cleanly; a second one interrupts at once."""
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import signal
 import threading
 
@@ -45,3 +47,24 @@ class StopSignal:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send ``sig`` to this process when its parent dies (a no-op elsewhere). Safe between fork
+    and exec; a caller that may already be orphaned checks ``os.getppid()`` afterwards."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    except OSError:  # not Linux: the launcher's own stop path is the only guard
+        pass
+
+
+def exit_with_launcher() -> None:
+    """Killed (SIGKILL) when the process that started this one dies, e.g. a trainer rank when torchrun is
+    killed: a rank left behind would hold its GPU and its collectives forever."""
+    parent = os.getppid()
+    die_with_parent(signal.SIGKILL)
+    if os.getppid() != parent:  # the parent died before the request was in place
+        os._exit(1)

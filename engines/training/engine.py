@@ -8,6 +8,9 @@ mini-batches or epochs over one prepared batch, or a test comparing gradients)::
     engine.backward(batch)             # micro-batched loss.backward(), gradients accumulate
     engine.apply_gradients()           # clip, AdamW step, lr schedule step
     # == engine.train_step(experiences, needs_correction=flags)
+
+Given a data-parallel strategy (:mod:`.parallel`), every rank of a torch.distributed group runs the same calls on
+the same batch and works on its share of the rows; :mod:`.ranks` drives the ranks from the trainer's process.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from ..algorithms import (
 from ..models import MODEL_LOAD_LOCK
 from .batch import Batch, collate
 from .logprobs import response_logprobs
+from .parallel import SingleProcess
 from .schedule import build_scheduler
 from .settings import TrainingSettings
 
@@ -51,7 +55,8 @@ class TrainingEngine:
     """A causal LM, its AdamW optimiser and lr schedule, and the RL loss from the algorithm registries.
 
     ``ref_model`` is used only when a KL term is on (``settings.needs_reference``); when it is then missing, a
-    frozen copy of ``model`` as it is now (the initial policy) is taken.
+    frozen copy of ``model`` as it is now (the initial policy) is taken. ``parallel`` (default: one process)
+    spreads each step over the ranks of a data-parallel group and wraps the models for it (DDP, FSDP2).
     """
 
     def __init__(
@@ -62,17 +67,23 @@ class TrainingEngine:
         ref_model: torch.nn.Module | None = None,
         device: torch.device | str | None = None,
         pad_token_id: int | None = None,
+        parallel: SingleProcess | None = None,
     ) -> None:
         self.settings = settings or TrainingSettings()
         s = self.settings
+        self.parallel = parallel or SingleProcess()
         self.device = torch.device(device) if device is not None else default_device()
-        self.model = model.to(self.device)
-        if s.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+        model = model.to(self.device)
+        if s.gradient_checkpointing:  # non-reentrant: the variant DDP and FSDP support
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ref_model: torch.nn.Module | None = None
         if s.needs_reference:
-            self.ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device)
-            self.ref_model.eval().requires_grad_(False)
+            ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device)
+            ref_model.eval().requires_grad_(False)
+            self.ref_model, _ = self.parallel.wrap(ref_model, trainable=False)
+        # self.model keeps the Hugging Face names; the training forward goes through self.train_model (DDP's
+        # wrapper; the model itself when FSDP2 shards it in place)
+        self.model, self.train_model = self.parallel.wrap(model, trainable=True)
         use_bf16 = s.mixed_precision == "bf16" or (s.mixed_precision == "auto" and self.device.type == "cuda")
         self.autocast_dtype = torch.bfloat16 if use_bf16 else None
         if pad_token_id is None:
@@ -94,6 +105,7 @@ class TrainingEngine:
         *,
         device: torch.device | str | None = None,
         ref_path: str | Path | None = None,
+        parallel: SingleProcess | None = None,
     ) -> "TrainingEngine":
         """Load a Hugging Face model directory in fp32 (master weights; bf16 is autocast on GPU). The reference
         model, when a KL term needs one, is loaded from ``ref_path`` (default: the same directory)."""
@@ -106,7 +118,7 @@ class TrainingEngine:
         if settings.needs_reference:
             with MODEL_LOAD_LOCK:
                 ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32)
-        return cls(model, settings, ref_model=ref, device=device)
+        return cls(model, settings, ref_model=ref, device=device, parallel=parallel)
 
     # ------------------------------------------------------------------ state
 
@@ -121,7 +133,7 @@ class TrainingEngine:
         return float(self.scheduler.get_last_lr()[0])
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimiser, scheduler and step, for a checkpoint (the trainer adds its consumed offsets)."""
+        """Model, optimiser, scheduler and step of a single-process engine (a sharded one: :meth:`save_state`)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -132,24 +144,38 @@ class TrainingEngine:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self._step = int(state["step"])
+        self.restore_schedule(state["scheduler"], int(state["step"]))
+
+    def restore_schedule(self, scheduler_state: dict[str, Any], step: int) -> None:
+        self.scheduler.load_state_dict(scheduler_state)
+        self._step = step
         self._grads_pending = False
+
+    def save_state(self, directory: str | Path) -> None:
+        """Write the engine's state (model, optimiser, scheduler, step) into a checkpoint directory: one file,
+        or every rank's shard under FSDP. Every rank calls it, with the same directory."""
+        self.parallel.save_state(self, Path(directory))
+
+    def load_state(self, directory: str | Path) -> None:
+        """Restore what :meth:`save_state` wrote (every rank, same directory)."""
+        self.parallel.load_state(self, Path(directory))
 
     def named_weights(self, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, tensor)`` for every parameter and persistent buffer, Hugging Face names, for publishing.
 
         Tied tensors (e.g. ``lm_head.weight`` sharing ``model.embed_tokens.weight``) are yielded once, under the
         first name, as ``save_pretrained`` does. Tensors are detached views of the live weights (cast copies
-        when ``dtype`` is given): consume them before the next optimiser step.
+        when ``dtype`` is given): consume them before the next optimiser step. Under FSDP each tensor is
+        gathered whole as it is reached (every rank iterates, in step), so at most one extra parameter is
+        materialised at a time.
         """
-        seen: set[tuple[int, tuple[int, ...]]] = set()
+        # deduplicated by name (the first module path of a tied parameter), the same on every rank; storage
+        # pointers are not: a rank's shard of a small parameter may be empty
+        unique = {name for name, _ in self.model.named_parameters()} | {name for name, _ in self.model.named_buffers()}
         for name, tensor in self.model.state_dict().items():
-            key = (tensor.data_ptr(), tuple(tensor.shape))
-            if tensor.numel() and key in seen:
+            if name not in unique:
                 continue
-            seen.add(key)
-            tensor = tensor.detach()
+            tensor = self.parallel.full_tensor(tensor.detach())
             yield name, tensor if dtype is None else tensor.to(dtype)
 
     def save_pretrained(self, path: str | Path) -> None:
@@ -163,22 +189,24 @@ class TrainingEngine:
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """Response logprobs ``[B, R]`` under ``model`` (default: the policy), micro-batched, no gradient."""
+        """Response logprobs ``[B, R]`` under ``model`` (default: the policy), micro-batched, no gradient; each
+        rank computes its rows and all ranks get the whole matrix."""
         model = self.model if model is None else model
         was_training = model.training
         model.eval()
-        out = torch.zeros_like(batch.behaviour_logprobs)
+        rows = self.parallel.rows(len(batch))
+        out = batch.behaviour_logprobs.new_zeros((len(rows), batch.response_width))
         try:
-            start = 0
-            for mb in batch.micro_batches(self.settings.micro_batch_size):
+            for mb in self.parallel.micro_batches(batch, self.settings.micro_batch_size):
                 logp, _ = response_logprobs(
-                    model, mb, temperature=self.settings.temperature, autocast_dtype=self.autocast_dtype
+                    model, mb.batch, temperature=self.settings.temperature, autocast_dtype=self.autocast_dtype
                 )
-                out[start : start + len(mb), : logp.shape[1]] = logp
-                start += len(mb)
+                if not mb.padding:
+                    first = mb.start - rows.start
+                    out[first : first + len(mb.batch), : logp.shape[1]] = logp
         finally:
             model.train(was_training)
-        return out * batch.response_mask
+        return self.parallel.gather_rows(out, len(batch)) * batch.response_mask
 
     def prepare(
         self, experiences: Sequence[Experience] | Batch, needs_correction: Sequence[bool] | None = None
@@ -234,8 +262,9 @@ class TrainingEngine:
         """Accumulate gradients of the loss over ``batch`` in micro-batches; returns loss metrics.
 
         ``loss = agg(w·L_pg) − entropy_coef·agg(H) + kl_coef·agg(KL)`` where ``agg`` normalises by the counts of
-        the whole ``batch`` — so micro-batching gives the same gradient as one pass. Gradients from earlier
-        ``backward`` calls since the last :meth:`apply_gradients` are kept (accumulated).
+        the whole ``batch`` — so micro-batching gives the same gradient as one pass, and so does spreading the
+        rows over ranks (the metrics are summed over them). Gradients from earlier ``backward`` calls since the
+        last :meth:`apply_gradients` are kept (accumulated).
         """
         if batch.advantages is None or batch.old_logprobs is None:
             raise RuntimeError("batch is not prepared: call TrainingEngine.prepare() first")
@@ -243,43 +272,23 @@ class TrainingEngine:
         if not self._grads_pending:
             self.optimizer.zero_grad(set_to_none=True)
             self._grads_pending = True
-        agg = LOSS_AGGREGATIONS.get(s.loss_agg)
-        policy_loss = POLICY_LOSSES.get(s.policy_loss)
-        kl_fn = KL_ESTIMATORS.get(s.kl_estimator)
         norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
         ntok = max(norms["num_tokens"], 1.0)
         totals = dict.fromkeys(("loss", "pg_loss", "entropy_loss", "kl_loss"), 0.0)
         sums = dict.fromkeys(("clipped", "entropy", "kl", "ppo_kl", "ratio"), 0.0)
         ratio_max = 0.0
         self.model.train()
-        for mb in batch.micro_batches(s.micro_batch_size):
-            mask = mb.response_mask
-            logp, entropy = response_logprobs(
-                self.model, mb, temperature=s.temperature, with_entropy=True,
-                entropy_grad=s.entropy_coef > 0, autocast_dtype=self.autocast_dtype,
-            )
-            out = policy_loss(logp, mb.old_logprobs, mb.advantages, mask, clip_low=s.clip_low, clip_high=s.clip_high)
-            token_loss = out.token_loss if mb.loss_weights is None else out.token_loss * mb.loss_weights
-            pg = agg(token_loss, mask, **norms)
-            ent = agg(entropy, mask, **norms)
-            loss = pg - s.entropy_coef * ent if s.entropy_coef > 0 else pg
-            if mb.ref_logprobs is not None:
-                kl = kl_fn(logp, mb.ref_logprobs)
-                kl_term = agg(kl, mask, **norms)
-                if s.kl_coef > 0:
-                    loss = loss + s.kl_coef * kl_term
-                totals["kl_loss"] += float(kl_term.detach())
-                sums["kl"] += float((kl.detach() * mask).sum())
-            loss.backward()
-            totals["loss"] += float(loss.detach())
-            totals["pg_loss"] += float(pg.detach())
-            totals["entropy_loss"] += float(ent.detach())
-            sums["clipped"] += float(out.clipped.sum())
-            sums["entropy"] += float((entropy.detach() * mask).sum())
-            sums["ppo_kl"] += float(((mb.old_logprobs - logp.detach()) * mask).sum())
-            sums["ratio"] += float((out.ratio * mask).sum())
-            if mask.any():
-                ratio_max = max(ratio_max, float(out.ratio[mask > 0].max()))
+        micro_batches = list(self.parallel.micro_batches(batch, s.micro_batch_size))
+        for k, micro in enumerate(micro_batches):
+            # DDP decides at the forward whether the backward all-reduces: once, after the last micro-batch
+            with self.parallel.gradient_sync(self.train_model, last=k == len(micro_batches) - 1):
+                loss, largest_ratio = self._micro_batch_loss(micro.batch, norms, totals, sums)
+                (loss * self.parallel.loss_scale).backward()  # DDP/FSDP average the ranks' gradients; we sum
+            ratio_max = max(ratio_max, largest_ratio)
+        summed = self.parallel.sum([*totals.values(), *sums.values()])
+        totals = dict(zip(totals, summed[: len(totals)]))
+        sums = dict(zip(sums, summed[len(totals):]))
+        ratio_max = self.parallel.max(ratio_max)
         metrics = {
             "actor/loss": totals["loss"],
             "actor/pg_loss": totals["pg_loss"],
@@ -294,6 +303,39 @@ class TrainingEngine:
             metrics["actor/kl_loss"] = totals["kl_loss"]
         return metrics
 
+    def _micro_batch_loss(self, mb: Batch, norms: dict[str, float], totals: dict[str, float],
+                          sums: dict[str, float]) -> tuple[torch.Tensor, float]:
+        """The loss of one micro-batch (normalised by the whole step's ``norms``) and its largest ratio (0 with
+        no trained token); adds its metrics' parts to ``totals`` and ``sums``."""
+        s = self.settings
+        mask = mb.response_mask
+        logp, entropy = response_logprobs(
+            self.train_model, mb, temperature=s.temperature, with_entropy=True,
+            entropy_grad=s.entropy_coef > 0, autocast_dtype=self.autocast_dtype,
+        )
+        out = POLICY_LOSSES.get(s.policy_loss)(logp, mb.old_logprobs, mb.advantages, mask,
+                                               clip_low=s.clip_low, clip_high=s.clip_high)
+        token_loss = out.token_loss if mb.loss_weights is None else out.token_loss * mb.loss_weights
+        agg = LOSS_AGGREGATIONS.get(s.loss_agg)
+        pg = agg(token_loss, mask, **norms)
+        ent = agg(entropy, mask, **norms)
+        loss = pg - s.entropy_coef * ent if s.entropy_coef > 0 else pg
+        if mb.ref_logprobs is not None:
+            kl = KL_ESTIMATORS.get(s.kl_estimator)(logp, mb.ref_logprobs)
+            kl_term = agg(kl, mask, **norms)
+            if s.kl_coef > 0:
+                loss = loss + s.kl_coef * kl_term
+            totals["kl_loss"] += float(kl_term.detach())
+            sums["kl"] += float((kl.detach() * mask).sum())
+        totals["loss"] += float(loss.detach())
+        totals["pg_loss"] += float(pg.detach())
+        totals["entropy_loss"] += float(ent.detach())
+        sums["clipped"] += float(out.clipped.sum())
+        sums["entropy"] += float((entropy.detach() * mask).sum())
+        sums["ppo_kl"] += float(((mb.old_logprobs - logp.detach()) * mask).sum())
+        sums["ratio"] += float((out.ratio * mask).sum())
+        return loss, float(out.ratio[mask > 0].max()) if mask.any() else 0.0
+
     def apply_gradients(self) -> dict[str, float]:
         """Clip the accumulated gradients to ``max_grad_norm``, step AdamW and the lr schedule.
 
@@ -304,7 +346,7 @@ class TrainingEngine:
             raise RuntimeError("no gradients to apply: call backward() first")
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         max_norm = self.settings.max_grad_norm if self.settings.max_grad_norm is not None else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        grad_norm = self.parallel.total_norm(torch.nn.utils.clip_grad_norm_(params, max_norm))
         lr = self.lr
         self._grads_pending = False
         if not math.isfinite(grad_norm):

@@ -41,10 +41,10 @@ def register(subparsers) -> None:
     monitor.set_defaults(func=run_monitor)
 
 
-def _run_role(args: argparse.Namespace, build, run) -> int:
-    """Load the config, open the shared cluster, build the role, run it until done or stopped, close it.
-    ``build(config, clients, stop)`` makes the role; ``run(role)`` returns the exit code."""
-    config = config_from(args)
+def _run_role(args: argparse.Namespace, build, run, config=None) -> int:
+    """Load the config (unless given), open the shared cluster, build the role, run it until done or stopped,
+    close it. ``build(config, clients, stop)`` makes the role; ``run(role)`` returns the exit code."""
+    config = config or config_from(args)
     with open_run(config, shared_broker=True) as clients, StopSignal() as stop:
         role = build(config, clients, stop)
         try:
@@ -77,6 +77,16 @@ def run_rollout(args: argparse.Namespace) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """The trainer; with ``trainer.nproc`` > 1 this command re-executes itself under torchrun, and each rank
+    comes back here (see :mod:`streamrft.commands.train_ranks`)."""
+    from .train_ranks import launched_by_torchrun, relaunch_under_torchrun, run_trainer_ranks
+
+    config = config_from(args)
+    if launched_by_torchrun():
+        return run_trainer_ranks(args, config)
+    if config.trainer.nproc > 1:
+        relaunch_under_torchrun(config.trainer.nproc)  # does not return
+
     from streamrft.consumers.trainer import Trainer
 
     def build(config, clients, stop):
@@ -86,7 +96,7 @@ def run_train(args: argparse.Namespace) -> int:
         trainer.run()
         return 0
 
-    return _run_role(args, build, run)
+    return _run_role(args, build, run, config)
 
 
 def run_monitor(args: argparse.Namespace) -> int:

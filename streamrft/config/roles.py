@@ -174,6 +174,13 @@ class TrainerConfig(OptimizerSettings, Section):
     keep_checkpoints: int = Field(default=2, ge=1)
     weights: WeightSyncConfig = WeightSyncConfig()
     device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
+    nproc: int = Field(default=1, ge=1,
+                       description="trainer processes on this machine (one per GPU; gloo on CPU): streamrft run "
+                                   "starts them with torchrun. Across machines run `torchrun ... -m streamrft.cli "
+                                   "train RUN.yaml` on each; checkpoint_dir must then be shared storage")
+    parallel: Literal["fsdp", "ddp"] = Field(
+        default="fsdp", description="how several trainer processes split the model: fsdp = FSDP2 shards "
+                                    "parameters, gradients and optimizer state; ddp = a full replica on each")
     metrics_port: int | None = 9103
 
     @field_validator("staleness_policy", mode="before")

@@ -3,7 +3,6 @@ output in a log file, dies with its parent (Linux parent-death signal), and stop
 forcibly (SIGKILL) after a timeout."""
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -13,16 +12,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..lifecycle import die_with_parent
+
 logger = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the launcher's own stop path is the only guard
-        pass
 
 
 @dataclass
@@ -40,7 +32,7 @@ class RoleProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", *self.argv], stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env={**os.environ, **self.env}, start_new_session=True,
-                                     preexec_fn=_die_with_parent)
+                                     preexec_fn=die_with_parent)
         log.close()
         logger.debug("started %s (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
         return self

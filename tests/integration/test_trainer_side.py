@@ -142,7 +142,8 @@ def test_checkpoints_ignore_interrupted_saves_prune_and_truncate_the_audit(tmp_p
     checkpoints = Checkpoints(tmp_path, keep=2)
     offsets = {("t", 0): 5}
     for step in (0, 1, 2):
-        checkpoints.save(step, {"w": torch.full((2,), float(step))} if step else None, offsets,
+        write = (lambda d, step=step: torch.save({"w": torch.full((2,), float(step))}, d / "engine.pt"))
+        checkpoints.save(step, write if step else None, offsets,
                          [{"topic": "t", "partition": 0, "offset": 3, "timestamp_ms": 0, "value": b"\xc3\x01x"}], {})
         if step:
             checkpoints.record(step - 1, step, [f"e{step}"], [])
@@ -152,8 +153,10 @@ def test_checkpoints_ignore_interrupted_saves_prune_and_truncate_the_audit(tmp_p
     with open(checkpoints.audit_path, "a") as fh:
         fh.write('{"step": 2, "version": 3, "eids": ["e3"]}\n{"step": 3, "vers')  # lost steps, a torn line
     assert checkpoints.steps() == [1, 2] and checkpoints.latest().name == "step-00000002"
-    checkpoint, state = checkpoints.load(checkpoints.latest())
-    assert checkpoint.step == 2 and checkpoint.offsets == offsets and torch.equal(state["w"], torch.full((2,), 2.0))
+    checkpoint = checkpoints.load(checkpoints.latest())
+    state = torch.load(checkpoint.path / "engine.pt")
+    assert checkpoint.step == 2 and checkpoint.has_model and checkpoint.offsets == offsets
+    assert torch.equal(state["w"], torch.full((2,), 2.0))
     assert checkpoint.buffered[0]["value"] == b"\xc3\x01x"
     assert checkpoints.truncate_audit(checkpoint.step) == 2
     assert [e["eids"] for e in checkpoints.audit()] == [["e1"], ["e2"]]
@@ -234,9 +237,14 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
     clients.close()
 
 
-def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("ranks", [
+    pytest.param({}, id="one-process"),
+    # torchrun, 2 gloo ranks, FSDP2: rank 0 reads and commits; the checkpoint is sharded
+    pytest.param({"nproc": 2, "parallel": "fsdp"}, id="fsdp-2-ranks"),
+])
+def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, tiny_model_dir, tmp_path, ranks):
     ckpt = tmp_path / "ckpt"
-    settings = _settings(tiny_model_dir, ckpt, trainer={"total_steps": 12, "save_interval": 4})
+    settings = _settings(tiny_model_dir, ckpt, trainer={"total_steps": 12, "save_interval": 4, **ranks})
     config = run_config(**settings)
     clients = _clients(config)
     config_file = tmp_path / "run.yaml"
@@ -249,7 +257,7 @@ def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, t
     def start(log_name: str) -> subprocess.Popen:
         log = open(tmp_path / log_name, "w")
         return subprocess.Popen([sys.executable, "-m", "streamrft.cli", "train", str(config_file)], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
 
     checkpoints = Checkpoints(ckpt, 2)
     first = start("first.log")
@@ -261,7 +269,7 @@ def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, t
             time.sleep(0.1)
         time.sleep(0.3)
         assert 4 in checkpoints.steps()
-        first.send_signal(signal.SIGKILL)  # v5 is trained (and committed) but not checkpointed
+        os.killpg(first.pid, signal.SIGKILL)  # v5 is trained (and committed) but not checkpointed; every rank dies
         first.wait(30)
     finally:
         if first.poll() is None:
@@ -279,6 +287,9 @@ def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, t
     assert len(eids) == len(set(eids)) == len(everything)  # nothing trained twice
     assert set(eids) == {e.eid for e in everything}  # nothing skipped
     assert checkpoints.steps()[-1] == 12
+    if ranks:
+        assert "trainer rank 1 of 2 on cpu (fsdp)" in log, log
+        assert (checkpoints.latest() / "engine" / ".metadata").is_file()  # torch.distributed.checkpoint shards
     clients.close()
 
 
