@@ -24,6 +24,7 @@ layer and the root: parameters, gradients and optimiser state are sharded; check
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
 from collections.abc import Iterator
@@ -177,8 +178,10 @@ class DDPStrategy(_Distributed):
         from torch.nn.parallel import DistributedDataParallel
 
         device = next(model.parameters()).device
-        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                      broadcast_buffers=False)
+        # buffers (rotary frequencies) are the same on every rank: no broadcast before each forward
+        newer = "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        sync = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
+        ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **sync)
         return model, ddp
 
     def gradient_sync(self, model: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:

@@ -15,7 +15,7 @@ import sys
 import torch.distributed as dist
 
 from ..config import RunConfig
-from ..engines.training.ranks import (
+from streamrft.engines.training.ranks import (
     CommandChannel,
     RankZeroEngine,
     follow,

@@ -59,6 +59,10 @@ def check_deployable(config: RunConfig) -> None:
         if not path.startswith(SHARED + "/"):
             problems.append(f"trainer.weights.url is {config.weights_url}: workers on other pods cannot read it; "
                             f"use an object store (s3://...) or a file:// URL under {SHARED}/")
+    gpus, nproc = config.kubernetes.trainer_gpus, config.trainer.nproc
+    if gpus and nproc != gpus:
+        problems.append(f"trainer.nproc is {nproc} but kubernetes.trainer_gpus is {gpus}: the trainer pod runs one "
+                        "rank per GPU; set them equal")
     if config.kafka.sasl_password is not None or config.schema_registry.basic_auth_user_info is not None:
         problems.append("the config file holds a secret: move it to the Secret named by kubernetes.secret "
                         "(STREAMRFT_KAFKA__SASL_PASSWORD, STREAMRFT_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO)")

@@ -317,6 +317,44 @@ def test_graceful_stop_checkpoints_the_buffer_and_resume_restores_it(run_config,
     clients.close()
 
 
+def test_sigterm_stops_the_ranks_of_a_distributed_trainer_with_a_sharded_checkpoint(run_config, tiny_model_dir,
+                                                                                    tmp_path):
+    """What `streamrft run` and Kubernetes do to stop a trainer: SIGTERM to torchrun, which passes it on. Rank 0
+    finishes its step and checkpoints with the other rank (its shard), then stops it."""
+    ckpt = tmp_path / "ckpt"
+    settings = _settings(tiny_model_dir, ckpt, trainer={"total_steps": 5, "nproc": 2, "parallel": "fsdp"})
+    config = run_config(**settings)
+    clients = _clients(config)
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump({"name": config.name, **settings}))
+    env = {**os.environ, "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+           "STREAMRFT_LOG_LEVEL": "INFO", "COLUMNS": "400"}
+    produce(clients, config, steps_of(0, 0) + make_group(1, 0))
+    log_path = tmp_path / "trainer.log"
+    with open(log_path, "w") as log:
+        trainer = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "train", str(config_file)], env=env,
+                                   stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True)
+    try:
+        checkpoints = Checkpoints(ckpt, 2)
+        deadline = time.monotonic() + 120
+        while not checkpoints.audit() or "buffered" not in log_path.read_text():
+            assert trainer.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+        time.sleep(1)  # the half step's group is read
+        trainer.send_signal(signal.SIGTERM)
+        trainer.wait(90)
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    log = log_path.read_text()
+    # torchrun itself exits 1 after passing on a signal, however cleanly its ranks stopped; both ranks exited 0
+    assert "stopped by rank 0" in log and "failed" not in log.lower(), log
+    state = json.loads((ckpt / "step-00000001" / "state.json").read_text())
+    assert state["has_model"] and state["buffered"] == 4, log
+    assert (ckpt / "step-00000001" / "engine" / ".metadata").is_file()
+    clients.close()
+
+
 def _assert_same_weights(served: dict[str, torch.Tensor], trainer: Trainer) -> None:
     expected = dict(trainer.engine.named_weights())
     assert expected

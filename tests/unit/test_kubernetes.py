@@ -148,3 +148,6 @@ def test_configs_that_cannot_work_on_a_cluster_are_refused_with_what_to_change(c
     with pytest.raises(ConfigError, match="holds a secret") as err:
         render(secret, "")
     assert "hunter2" not in str(err.value)
+    ranks = load_config(K8S / "run.yaml", overrides={"trainer": {"nproc": 4}}, env={})
+    with pytest.raises(ConfigError, match="trainer.nproc is 4 but kubernetes.trainer_gpus is 1"):
+        render(ranks, "")
