@@ -27,13 +27,15 @@ Weight transports (``trainer.weights.method``):
 
 * ``object_store``: safetensors shards + manifest under ``weights_url``; the signal carries the manifest URI and
   sha256, and rollout workers verify before they swap.
-* ``collective``: torch.distributed broadcast (gloo on CPU, NCCL on GPU). Rendezvous through ``sync``:
-  the trainer hosts a small rank-claim store and publishes ``NCCL_READY`` (uri = the group's ``tcp://``
-  address; state = ``{"world_size", "claim", "session", "bucket_bytes"}``); each receiver claims a rank
-  1..N−1 from the claim store and joins; the trainer (rank 0) joins in the background and, at each sync,
-  broadcasts the weights and only then publishes ``WEIGHTS_PUBLISHED(method=COLLECTIVE)``. Receivers take every
-  broadcast on a background thread (:class:`CollectiveReceiver`) and swap between tasks. At the end the trainer
-  broadcasts an empty version −1, which tells receivers to leave.
+* ``collective``: torch.distributed broadcast (gloo on CPU, NCCL on GPU) to an elastic group
+  (``engines.weights.elastic``): the trainer hosts a membership store and publishes ``NCCL_READY`` once (uri =
+  the store's ``tcp://`` address; state = ``{"session", "receivers", "bucket_bytes", "backend"}``); workers
+  register there whenever they start and leave when they stop. At each sync the trainer re-forms the group (a
+  new epoch) if membership changed, broadcasts, publishes the same version to the object store for whoever
+  missed it (``trainer.weights.catch_up``), and only then publishes ``WEIGHTS_PUBLISHED(method=COLLECTIVE)``
+  whose state says which epoch carried it to whom and where the catch-up copy is. A receiver that dies or hangs
+  holds a sync up for at most ``trainer.weights.receiver_timeout_s`` per phase; the group then goes on
+  without it. At the end the trainer marks the store closed and says farewell (an empty version −1).
 """
 from __future__ import annotations
 
@@ -342,6 +344,11 @@ class Trainer:
         signal = None
         if self.publisher is not None and self.step % self.config.explorer.sync_interval == 0:
             signal, metrics["time/publish_weights"] = self._publish_weights()  # 5.
+            delivery = getattr(self.publisher, "last_delivery", None)
+            if delivery is not None:  # collective: how many receivers got it by broadcast, in which epoch
+                metrics["weights/broadcast_receivers"] = float(len(delivery.receivers))
+                metrics["weights/epoch"] = float(delivery.epoch)
+                metrics["weights/broadcast_failed"] = float(bool(delivery.failure))
         self._commit(index, metrics, signal)  # 6.
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
@@ -412,8 +419,8 @@ class Trainer:
             announcement = self.publisher.announcement()
             if announcement is not None:
                 self._transaction(lambda p: p.produce(self.config.topic("sync"), announcement), "NCCL_READY")
-                logger.info("%s: weight-sync group at %s, waiting for %d receiver(s)", self.source,
-                            announcement.uri, self.publisher.world_size - 1)
+                logger.info("%s: weight-sync membership store at %s; the first broadcast waits for %d "
+                            "receiver(s)", self.source, announcement.uri, self.publisher.expected_receivers)
             if self.sync.version > self.step:
                 logger.warning("%s: weights v%d on %s are newer than the resumed v%d: that training was lost "
                                "with the process; versions up to v%d are published again from this lineage",

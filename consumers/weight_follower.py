@@ -57,6 +57,8 @@ from streamrft.lifecycle import StopSignal
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView, supersedes  # the one rule of which weights are newer; re-exported here
 
+from streamrft.engines.weights.elastic import parse_delivery_state
+
 from .weight_sync import CollectiveReceiver, check_announcement, receiver_device
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,8 @@ HINTS: dict[str, str] = {
     "store-unavailable": "the fsspec backend for the store's protocol is not installed on this worker",
     "unreachable": "the store (or the weight-sync group) did not answer; retried with backoff",
     "no-group": "the weights were broadcast to a weight-sync group this worker has not joined",
+    "missed-broadcast": "this worker was not in the group when the version was broadcast; set "
+                        "trainer.weights.catch_up: object_store so that it can catch up (it takes the next one)",
     "bad-announcement": "the NCCL_READY does not describe a group of this run (trainer.weights.collective_host "
                         "/ collective_port); check who produces to the sync topic",
     "backend-unavailable": "the trainer's weight-sync group uses a backend this worker's devices cannot join",
@@ -139,7 +143,7 @@ class WeightFollower:
         self.store_url = config.weights_url
         self.collective_host = weights.collective_host
         self.collective_port = weights.collective_port
-        self.collective_timeout_s = weights.collective_timeout_s
+        self.receiver_timeout_s = weights.receiver_timeout_s
         self.device = config.rollout.device  # only where NCCL receives (see receiver_device)
         self.retry_initial_s, self.retry_max_s, self.retry_attempts = retry_initial_s, retry_max_s, retry_attempts
         self.collective_wait_s = collective_wait_s
@@ -154,6 +158,8 @@ class WeightFollower:
         self._refusals: list[Refusal] = []
         self.c_refused = Counter("streamrft_rollout_weights_refused", "weight versions refused (every attempt), "
                                  "by reason", ["reason"], registry=registry)
+        self.c_caught_up = Counter("streamrft_rollout_weights_caught_up", "collective versions this worker missed "
+                                   "by broadcast and loaded from the object store", registry=registry)
         self.g_version = Gauge("streamrft_rollout_model_version", "weights version loaded", registry=registry)
         self.g_version.set(engine.version)
 
@@ -265,10 +271,21 @@ class WeightFollower:
             check_lineage(signal.lineage)
         except ValueError as exc:
             raise _Refused("bad-signal", str(exc)) from None
-        if signal.method == SyncMethod.OBJECT_STORE:
-            if not is_sha256(signal.sha256):
-                raise _Refused("missing-sha256", f"sha256 {signal.sha256!r} is not 64 lowercase hex digits")
-            check_manifest_uri(self.store_url, signal.uri, signal.version, signal.lineage)
+        if signal.method == SyncMethod.COLLECTIVE:
+            try:
+                delivery = parse_delivery_state(signal.state)
+            except ValueError as exc:  # json.JSONDecodeError is one
+                raise _Refused("bad-signal", f"its delivery state: {exc}") from None
+            if delivery.catch_up:
+                self._check_location(self._catch_up_signal(signal, delivery))
+        else:
+            self._check_location(signal)
+
+    def _check_location(self, signal: SyncSignal) -> None:
+        """An object-store manifest may only be read with its sha256, and from this run's store."""
+        if not is_sha256(signal.sha256):
+            raise _Refused("missing-sha256", f"sha256 {signal.sha256!r} is not 64 lowercase hex digits")
+        check_manifest_uri(self.store_url, signal.uri, signal.version, signal.lineage)
 
     # -- loading ------------------------------------------------------------------------------------------
     def _load(self, signal: SyncSignal) -> bool:
@@ -297,14 +314,33 @@ class WeightFollower:
         return load_weights(signal.uri, signal.sha256, manifest=manifest)
 
     def _fetch_broadcast(self, signal: SyncSignal):
+        """The broadcast copy when this worker's receiver was in the group that carried it; else the catch-up
+        copy the trainer published to the object store (a worker that joined late, or whose group broke)."""
+        delivery = parse_delivery_state(signal.state)
         receiver = self._receiver
-        if receiver is None or receiver.ready.uri != signal.uri or receiver.ready.lineage != signal.lineage:
+        if receiver is not None and (receiver.ready.uri != signal.uri or receiver.ready.lineage != signal.lineage):
+            receiver = None  # of an older trainer session
+        if receiver is not None and receiver.member in delivery.receivers:
+            received = receiver.wait(signal.version, timeout=self.collective_wait_s, epoch=delivery.epoch)
+            if received is not None:
+                self._check_engine({name: tuple(t.shape) for name, t in received[1].items()})
+                return received
+        if delivery.catch_up:
+            tensors = self._fetch_object_store(self._catch_up_signal(signal, delivery))
+            self.c_caught_up.inc()
+            logger.info("%s: v%d was not broadcast to this worker (epoch %d); caught up from the object store",
+                        self.worker_id, signal.version, delivery.epoch)
+            return signal.version, tensors
+        if receiver is None:
             # the announcement may not have been followed yet (it is written first): retried
             raise _Refused("no-group", f"no receiver in the group {signal.uri} of lineage "
                                        f"{signal.lineage or '-'}", transient=True)
-        version, tensors = receiver.wait(signal.version, timeout=self.collective_wait_s)
-        self._check_engine({name: tuple(t.shape) for name, t in tensors.items()})
-        return version, tensors
+        raise _Refused("missed-broadcast", f"v{signal.version} went to epoch {delivery.epoch} without this worker "
+                                           "and the trainer published no catch-up copy")
+
+    @staticmethod
+    def _catch_up_signal(signal: SyncSignal, delivery) -> SyncSignal:
+        return dataclasses.replace(signal, method=SyncMethod.OBJECT_STORE, uri=delivery.catch_up, state="")
 
     def _check_engine(self, shapes) -> None:
         try:
@@ -372,7 +408,11 @@ class WeightFollower:
         except ValueError as exc:
             self._refuse(ready, _Refused("backend-unavailable", str(exc)))
             return
-        self._receiver = self._receiver_factory(ready, device=device, timeout_s=self.collective_timeout_s).start()
+        if self._receiver is not None:
+            self._receiver.close(timeout=0.1)  # leaves the older session's group (its thread ends with it)
+        self._receiver = self._receiver_factory(ready, member=self.worker_id, host=self.collective_host,
+                                                group_port=self.collective_port, device=device,
+                                                timeout_s=self.receiver_timeout_s).start()
         logger.info("%s: joining the trainer's weight-sync group %s (lineage %s)", self.worker_id, ready.uri,
                     ready.lineage or "-")
 

@@ -11,22 +11,14 @@ import logging
 import threading
 import time
 import uuid
-from datetime import timedelta
 
 import torch
+from torch.distributed import DistNetworkError
 
 from streamrft.config import RunConfig
 from streamrft.engines.training import TrainingEngine
-from streamrft.engines.weights import (
-    CollectiveGroup,
-    ObjectStore,
-    backend_for,
-    broadcast_weights,
-    free_port,
-    new_lineage,
-    receive_weights,
-)
-from streamrft.engines.weights.collective import listening_store
+from streamrft.engines.weights import ObjectStore, backend_for, new_lineage, receive_weights
+from streamrft.engines.weights.elastic import Delivery, ElasticMember, ElasticSender, delivery_state
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 
 logger = logging.getLogger(__name__)
@@ -56,84 +48,68 @@ class ObjectStorePublisher:
 
 
 class CollectivePublisher:
-    """Rank 0 of the weight-sync group (see the module docstring for the rendezvous)."""
+    """The trainer's side of ``collective``: rank 0 of an elastic group (``engines.weights.elastic``) whose
+    members come and go; every version is also published to the object store (``trainer.weights.catch_up``),
+    so a worker that missed a broadcast or joined late catches up from there."""
 
     def __init__(self, config: RunConfig, device: torch.device, source: str):
         w = config.trainer.weights
-        self.host = w.collective_host
-        self.world_size = 1 + w.collective_receivers
-        self.timeout_s = w.collective_timeout_s
+        self.expected_receivers = w.collective_receivers
+        self.first_wait_s = w.collective_timeout_s
         self.bucket_bytes = w.bucket_mb << 20
         self.device = device
         self.source = source
         self.lineage = new_lineage()
         self.session = uuid.uuid4().hex[:12]
-        group_port = w.collective_port or free_port(self.host)
         # both stores listen on collective_host only (loopback by default), never on every interface
-        self._claims, claim_port = listening_store(self.host, w.collective_port + 1 if w.collective_port else 0,
-                                                   timeout_s=self.timeout_s)
-        self.address = f"tcp://{self.host}:{group_port}"
-        self.claim_address = f"tcp://{self.host}:{claim_port}"
-        self.group: CollectiveGroup | None = None
-        self._error: BaseException | None = None
-        self._joined = threading.Event()
-        self._thread = threading.Thread(target=self._join, name="weight-sync-join", daemon=True)
+        self.sender = ElasticSender(w.collective_host, self.session, device=device,
+                                    port=w.collective_port + 1 if w.collective_port else 0,
+                                    group_port=w.collective_port, timeout_s=w.receiver_timeout_s)
+        self.catch_up = (ObjectStore(config.weights_url, lineage=self.lineage, keep_last=w.keep_last,
+                                     max_shard_bytes=w.shard_mb << 20) if w.catch_up == "object_store" else None)
+        self.last_delivery: Delivery | None = None
+        self._first = True
 
     def announcement(self) -> SyncSignal:
-        """NCCL_READY: where to join, how many, and where to claim a rank. Joining starts now."""
-        if not self._thread.is_alive() and not self._joined.is_set():
-            self._thread.start()
+        """NCCL_READY: where the membership store is. Receivers register there from now on."""
         # the backend is the trainer's to choose (its device); receivers follow it, whatever their own device
-        state = {"world_size": self.world_size, "claim": self.claim_address, "session": self.session,
-                 "bucket_bytes": self.bucket_bytes, "backend": backend_for(self.device)}
-        return SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri=self.address,
-                          source=self.source, state=json.dumps(state), lineage=self.lineage)
-
-    def _join(self) -> None:
-        try:
-            self.group = CollectiveGroup.join(self.address, 0, self.world_size, device=self.device,
-                                              timeout_s=self.timeout_s)
-        except BaseException as exc:  # surfaced at the next publish
-            self._error = exc
-        finally:
-            self._joined.set()
-
-    def _wait_for_group(self) -> CollectiveGroup:
-        if not self._joined.wait(self.timeout_s + 5):
-            raise TimeoutError("weight-sync group still forming")
-        if self.group is None:
-            raise RuntimeError(
-                f"weights.method=collective: {self.world_size - 1} receiver(s) did not join {self.address} within "
-                f"{self.timeout_s:.0f}s ({self._error}); start the inference side, raise "
-                "trainer.weights.collective_timeout_s, or use method: object_store") from self._error
-        return self.group
+        state = {"session": self.session, "receivers": self.expected_receivers, "bucket_bytes": self.bucket_bytes,
+                 "backend": backend_for(self.device)}
+        return SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE,
+                          uri=self.sender.address, source=self.source, state=json.dumps(state), lineage=self.lineage)
 
     def publish(self, engine: TrainingEngine, version: int) -> SyncSignal:
-        group = self._wait_for_group()
-        stats = broadcast_weights(group, engine.named_weights(), version, bucket_bytes=self.bucket_bytes)
+        """Broadcast to the members there are (never raises for a receiver's failure), then the catch-up copy,
+        then the signal: who got it by broadcast, and where the others find it."""
+        if self._first:
+            self._first = False
+            joined = self.sender.wait_for(self.expected_receivers, self.first_wait_s)
+            if joined < self.expected_receivers:
+                logger.warning("%s: %d of %d weight-sync receiver(s) registered within %.0fs "
+                               "(trainer.weights.collective_timeout_s); broadcasting to those, the others catch "
+                               "up when they come", self.source, joined, self.expected_receivers, self.first_wait_s)
+        delivery = self.sender.broadcast(engine.named_weights(), version, bucket_bytes=self.bucket_bytes)
+        self.last_delivery = delivery
+        catch_up = self.catch_up.publish(engine.named_weights(), version=version) if self.catch_up else None
+        nbytes = delivery.stats.nbytes if delivery.stats else (catch_up.nbytes if catch_up else 0)
         return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
-                          method=SyncMethod.COLLECTIVE, uri=self.address, nbytes=stats.nbytes, source=self.source,
-                          lineage=self.lineage)
+                          method=SyncMethod.COLLECTIVE, uri=self.sender.address, nbytes=nbytes,
+                          sha256=catch_up.sha256 if catch_up else "", source=self.source, lineage=self.lineage,
+                          state=delivery_state(delivery, catch_up.uri if catch_up else ""))
 
     def close(self) -> None:
-        if self.group is not None:
-            try:
-                broadcast_weights(self.group, [], -1)  # tells receivers to leave
-            except Exception:
-                logger.debug("farewell broadcast failed", exc_info=True)
-            self.group.close()
-            self.group = None
-        self._claims = None
+        self.sender.close()
 
 
 _SESSION_CHARS = set("0123456789abcdef")
 
 
 def check_announcement(ready: SyncSignal, host: str, port: int = 0) -> dict:
-    """The state of an NCCL_READY that a worker of this run may join, or ValueError saying why not: the group
-    and the rank-claim store must both be on the configured ``trainer.weights.collective_host`` (and the
-    configured group port, when one is set), the state must be what :class:`CollectivePublisher` writes.
-    Without this a forged announcement sends every worker's rank claim to an address of the forger's choice."""
+    """The state of an NCCL_READY that a worker of this run may join, or ValueError saying why not: the
+    membership store must be on the configured ``trainer.weights.collective_host`` (and on
+    ``collective_port + 1`` when a port is set), the state must be what :class:`CollectivePublisher` writes.
+    Without this a forged announcement sends every worker's registration to an address of the forger's
+    choice. (Each epoch's group address is checked the same way when it is read: ``ElasticMember``.)"""
     from urllib.parse import urlparse
 
     if ready.kind != SyncKind.NCCL_READY or ready.method != SyncMethod.COLLECTIVE:
@@ -142,21 +118,20 @@ def check_announcement(ready: SyncSignal, host: str, port: int = 0) -> dict:
     state = json.loads(ready.state)
     if not isinstance(state, dict):
         raise ValueError("its state is not a JSON object")
-    for what, address, wanted_port in (("group", ready.uri, port), ("claim", state.get("claim"), 0)):
-        url = urlparse(address) if isinstance(address, str) else None
-        if url is None or url.scheme != "tcp" or (url.hostname or "").lower() != host.lower() or not url.port:
-            raise ValueError(f"its {what} address {address!r} is not tcp://{host}:<port> "
-                             "(trainer.weights.collective_host)")
-        if wanted_port and url.port != wanted_port:
-            raise ValueError(f"its {what} port {url.port} is not trainer.weights.collective_port {wanted_port}")
-    world_size, session = state.get("world_size"), state.get("session")
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 2 <= world_size <= 1 << 16:
-        raise ValueError(f"world_size {world_size!r} is not an integer in 2..65536")
+    url = urlparse(ready.uri)
+    if url.scheme != "tcp" or (url.hostname or "").lower() != host.lower() or not url.port:
+        raise ValueError(f"its membership store {ready.uri!r} is not tcp://{host}:<port> "
+                         "(trainer.weights.collective_host)")
+    if port and url.port != port + 1:
+        raise ValueError(f"its membership store port {url.port} is not trainer.weights.collective_port + 1 "
+                         f"({port + 1})")
+    receivers, session = state.get("receivers"), state.get("session")
+    if isinstance(receivers, bool) or not isinstance(receivers, int) or not 0 <= receivers <= 1 << 16:
+        raise ValueError(f"receivers {receivers!r} is not an integer in 0..65536")
     if not isinstance(session, str) or not 1 <= len(session) <= 64 or not set(session) <= _SESSION_CHARS:
         raise ValueError(f"session {session!r} is not a hex token")
-    backend = state.setdefault("backend", "gloo")  # announcements before the field existed came from CPU trainers
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend {backend!r} is not gloo or nccl")
+    if state.get("backend") not in ("gloo", "nccl"):
+        raise ValueError(f"backend {state.get('backend')!r} is not gloo or nccl")
     bucket_bytes = state.get("bucket_bytes", 1)
     if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
         raise ValueError(f"bucket_bytes {bucket_bytes!r} is not a positive integer")
@@ -176,58 +151,58 @@ def receiver_device(backend: str, device: str) -> torch.device:
 
 
 class CollectiveReceiver:
-    """Inference side of ``collective``: claims a rank, joins the trainer's group and receives every broadcast
-    on a background thread; the owner waits for a version with :meth:`wait`. Every receiver must keep receiving
-    (the trainer's broadcast waits for all). ``device`` must suit the announced backend
-    (:func:`receiver_device`)."""
+    """Inference side of ``collective``: registers with the trainer's membership store and receives every
+    broadcast of each epoch it is in, on a background thread; the owner takes a version with :meth:`wait`.
+    ``device`` must suit the announced backend (:func:`receiver_device`); ``member`` names this receiver in the
+    group (unique per receiver: a restarted worker is a new member)."""
 
-    def __init__(self, ready: SyncSignal, *, device: torch.device | str = "cpu", timeout_s: float = 300.0):
+    def __init__(self, ready: SyncSignal, *, member: str, host: str, group_port: int = 0,
+                 device: torch.device | str = "cpu", timeout_s: float = 30.0):
         if ready.kind != SyncKind.NCCL_READY:
             raise ValueError(f"expected an NCCL_READY signal, got {ready.kind}")
         self.ready = ready
         self.state = json.loads(ready.state)
+        self.member = f"{member}/{uuid.uuid4().hex[:8]}"
+        self.host = host
+        self.group_port = group_port
         self.device = torch.device(device)
-        self.rank: int | None = None
         self.timeout_s = timeout_s
-        self.group: CollectiveGroup | None = None
         self.error: BaseException | None = None
+        self.epoch = 0  # the epoch whose group this receiver is in now (0: none)
         self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
         self._cond = threading.Condition()
+        self._closing = False
         self._done = False
+        self._membership: ElasticMember | None = None
+        self.registered = threading.Event()  # set once this member is in the membership log
         self._thread = threading.Thread(target=self._main, name="weight-sync-receive", daemon=True)
 
     def start(self) -> "CollectiveReceiver":
         self._thread.start()
         return self
 
-    def _claim_rank(self) -> int:
-        import torch.distributed as dist
-        from urllib.parse import urlparse
-
-        url = urlparse(self.state["claim"])
-        store = dist.TCPStore(url.hostname, url.port, None, False, timedelta(seconds=self.timeout_s))
-        rank = int(store.add(f"{self.state['session']}/rank", 1))
-        if rank >= int(self.state["world_size"]):
-            raise RuntimeError(f"the weight-sync group {self.ready.uri} expects {self.state['world_size'] - 1} "
-                               f"receiver(s); this one would be number {rank} (raise "
-                               "trainer.weights.collective_receivers)")
-        return rank
-
     def _main(self) -> None:
         try:
-            self.rank = self._claim_rank()
-            self.group = CollectiveGroup.join(self.ready.uri, self.rank, int(self.state["world_size"]),
-                                              device=self.device, timeout_s=self.timeout_s)
-            while True:
-                received = receive_weights(self.group)
-                if received.version < 0:
-                    logger.info("weight-sync group %s: the trainer left", self.ready.uri)
+            membership = self._membership = ElasticMember(
+                self.ready.uri, self.state["session"], self.member, host=self.host, group_port=self.group_port,
+                device=self.device, timeout_s=self.timeout_s)
+            membership.register()
+            self.registered.set()
+            epoch = 0
+            while not self._closing:
+                joined = membership.next_group(epoch, lambda: self._closing)
+                if joined is None:
+                    logger.info("weight-sync %s: the trainer left", self.ready.uri)
                     break
-                tensors = dict(received)
-                with self._cond:
-                    self._latest = (received.version, tensors)
-                    self._cond.notify_all()
-                logger.info("received weights v%d (%d tensors) by broadcast", received.version, len(tensors))
+                epoch, group = joined
+                self._receive_epoch(epoch, group)
+        except DistNetworkError as exc:
+            if not self.registered.is_set():
+                self.error = exc
+                logger.error("weight-sync receiver could not reach the trainer's membership store %s: %s",
+                             self.ready.uri, exc)
+            else:  # it went away between two polls: the trainer stopped (or died; a new one announces itself)
+                logger.info("weight-sync %s: the trainer's membership store is gone", self.ready.uri)
         except BaseException as exc:
             self.error = exc
             logger.error("weight-sync receiver stopped: %s", exc)
@@ -235,23 +210,54 @@ class CollectiveReceiver:
             with self._cond:
                 self._done = True
                 self._cond.notify_all()
-            if self.group is not None:
-                self.group.close()
 
-    def wait(self, version: int, timeout: float) -> tuple[int, dict[str, torch.Tensor]]:
-        """Block until a version >= ``version`` has been received; returns it (and takes it)."""
+    def _receive_epoch(self, epoch: int, group) -> None:
+        """Every broadcast of one epoch, until it ends (this member is kept for the next) or fails (it registers
+        again)."""
+        with self._cond:
+            self.epoch = epoch
+        try:
+            seen = 0
+            while self._membership.next_sync(epoch, seen, lambda: self._closing):
+                seen += 1
+                received = receive_weights(group)
+                tensors = dict(received)
+                with self._cond:
+                    self._latest = (received.version, tensors)
+                    self._cond.notify_all()
+                logger.info("received weights v%d (%d tensors) by broadcast in epoch %d", received.version,
+                            len(tensors), epoch)
+        except Exception as exc:  # noqa: BLE001 - the trainer or another receiver failed: this epoch is over
+            logger.warning("weight-sync epoch %d ended with an error (%s); registering again", epoch, exc)
+            self._membership.register()
+        finally:
+            group.close()
+            with self._cond:
+                self.epoch = 0
+                self._cond.notify_all()
+
+    def wait(self, version: int, timeout: float, *, epoch: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The received version >= ``version`` (taken), waiting up to ``timeout`` while this receiver is still in
+        the group of ``epoch`` (which carried it); None at once when it is not (it missed that broadcast)."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._latest is None or self._latest[0] < version:
                 if self._done:
                     raise RuntimeError(f"the weight-sync receiver stopped before v{version}") from self.error
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"weights v{version} not received by broadcast within {timeout:.0f}s")
+                if self.epoch != epoch or left <= 0:
+                    return None
                 self._cond.wait(left)
             latest, self._latest = self._latest, None
             return latest
 
     def close(self, timeout: float = 5.0) -> None:
-        """Wait up to ``timeout`` for the receiving thread to end (it ends at the trainer's farewell)."""
+        """Leave the group (the trainer re-forms it without this member at its next sync) and wait up to
+        ``timeout`` for the receiving thread to end."""
+        self._closing = True
+        if self._membership is not None and not self._done:
+            try:
+                self._membership.register("leave")
+            except Exception:  # noqa: BLE001 - the trainer may be gone already
+                logger.debug("could not register leaving", exc_info=True)
         self._thread.join(timeout)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 
 from streamrft.schemas import (Experience, InvalidRecordError, Metric, RolloutRequest, RolloutResult, SyncKind,
-                               SyncSignal, Task)
+                               SyncMethod, SyncSignal, Task)
 
 MAX_ID_CHARS = 512  # task_id, request_id, group_id, eid: they are keys and appear in the explorer's state
 MAX_VERSION = 2**31 - 1  # weights versions and steps; anything above is a forged or corrupted record
@@ -212,20 +212,35 @@ def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_ur
         if signal.method.value != expected:
             _fail("wrong-transport", f"{signal.kind.value} v{signal.version} by {signal.method.value}; this run's "
                                      f"trainer.weights.method is {weights_method}")
-    if (signal.kind == SyncKind.WEIGHTS_PUBLISHED and signal.method.value == "OBJECT_STORE"
-            and weights_url is not None):
-        _check_weights_location(signal, weights_url)
+    if signal.kind == SyncKind.WEIGHTS_PUBLISHED and weights_url is not None:
+        if signal.method.value == "OBJECT_STORE":
+            _check_weights_location(signal, weights_url)
+        else:
+            _check_delivery(signal, weights_url)
     if signal.kind == SyncKind.NCCL_READY:
         try:
             state = json.loads(signal.state)
-            valid = (isinstance(state, dict) and isinstance(state.get("world_size"), int)
-                     and state["world_size"] >= 2 and str(state.get("claim", "")).startswith("tcp://")
+            valid = (isinstance(state, dict) and isinstance(state.get("session"), str)
                      and signal.uri.startswith("tcp://"))
         except (json.JSONDecodeError, RecursionError):
             valid = False
         if not valid:
-            _fail("bad-announcement", "NCCL_READY needs a tcp:// uri and a state with world_size >= 2 and a "
-                                      "tcp:// claim address")
+            _fail("bad-announcement", "NCCL_READY needs a tcp:// uri (the membership store) and a state with a "
+                                      "session")
+
+
+def _check_delivery(signal: SyncSignal, weights_url: str) -> None:
+    """A collective WEIGHTS_PUBLISHED: its delivery state parses, and its catch-up copy (if any) is where an
+    object-store signal of that version would be."""
+    from streamrft.engines.weights.elastic import parse_delivery_state
+
+    try:
+        delivery = parse_delivery_state(signal.state)
+    except (ValueError, RecursionError) as exc:
+        _fail("bad-state", f"WEIGHTS_PUBLISHED v{signal.version} (collective): {exc}")
+    if delivery.catch_up:
+        _check_weights_location(replace(signal, method=SyncMethod.OBJECT_STORE,
+                                                    uri=delivery.catch_up), weights_url)
 
 
 def _check_weights_location(signal: SyncSignal, weights_url: str) -> None:

@@ -146,16 +146,26 @@ class WeightSyncConfig(Section):
     keep_last: int = Field(default=3, ge=1)
     shard_mb: int = Field(default=512, ge=1)
     bucket_mb: int = Field(default=64, ge=1, description="collective: broadcast bucket size")
-    collective_receivers: int = Field(default=1, ge=1,
-                                      description="collective: inference engines that join the group (rank 1..N)")
+    collective_receivers: int = Field(default=1, ge=0,
+                                      description="collective: receivers the first broadcast waits for (up to "
+                                                  "collective_timeout_s); after it, receivers join and leave freely")
     collective_host: str = Field(default="127.0.0.1",
                                  description="collective: address receivers reach the trainer at (its host's IP "
                                              "when they run elsewhere)")
     collective_port: int = Field(default=0, ge=0, le=65534,
-                                 description="collective: group port (the rank-claim port is the next one); 0 = "
-                                             "any two free ports")
+                                 description="collective: group port (the membership store's is the next one); "
+                                             "0 = any free ports")
     collective_timeout_s: float = Field(default=300.0, gt=0,
-                                        description="collective: wait this long for every receiver to join")
+                                        description="collective: how long the first broadcast waits for "
+                                                    "collective_receivers to register")
+    receiver_timeout_s: float = Field(default=30.0, gt=0,
+                                      description="collective: the longest a receiver that died or hangs holds up "
+                                                  "a sync, at each phase (gathering, forming the group, "
+                                                  "each broadcast); it is then left out and catches up")
+    catch_up: Literal["object_store", "none"] = Field(
+        default="object_store",
+        description="collective: also publish every version to the object store (url), where a worker that "
+                    "missed a broadcast or joined late loads it; none = it waits for the next broadcast")
 
 
 class TrainerConfig(OptimizerSettings, Section):

@@ -413,42 +413,67 @@ def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(
     clients.close()
 
 
-def collective_receiver(bootstrap: str, overrides: dict, out: str, version: int, record: str = "weights") -> None:
-    """Child process: a rollout worker (its engine from the config) that follows `sync`, joins the trainer's
-    weight-sync group when it is announced, swaps to the broadcast weights of ``version`` and saves to ``out``
-    either its weights (``record="weights"``) or samples of them with their logprobs (``"samples"``)."""
+def collective_receiver(bootstrap: str, overrides: dict, out: str, version: int, record: str = "weights",
+                        die_in: int = 0, registered: str = "") -> None:
+    """Child process: a rollout worker (its engine from the config) that follows `sync`, registers with the
+    trainer's weight-sync group when it is announced, swaps to each version up to ``version`` and saves to
+    ``out`` either its weights and how many versions it caught up from the object store (``record="weights"``)
+    or samples of them with their logprobs (``"samples"``). ``die_in``: SIGKILL itself in the middle of that
+    version's broadcast (after its header, before its buckets); ``registered``: a file touched once it has
+    registered."""
     from streamrft.consumers.rollout import RolloutWorker
     from streamrft.engines.inference import SamplingParams
+    from streamrft.engines.weights import collective
 
+    if die_in:
+        whole = collective.ReceivedWeights.__iter__
+
+        def dying(self):
+            if self.version == die_in:
+                os.kill(os.getpid(), signal.SIGKILL)
+            yield from whole(self)
+        collective.ReceivedWeights.__iter__ = dying
     config = load_config(overrides=overrides, env={})
     clients = KafkaClients(config, bootstrap)
     worker = RolloutWorker(config, clients, StopSignal(), "receiver")
     deadline = time.monotonic() + 150
-    while worker.sync.weights is None or worker.sync.weights.version < version:
-        assert time.monotonic() < deadline, "no broadcast announced"
+    while worker.engine.version < version:
+        assert time.monotonic() < deadline, f"weights v{version} never served (serving v{worker.engine.version})"
         worker.sync.poll(0.2)
         worker.weights.follow(worker.sync)
-    assert worker.weights.swap_to_latest(worker.sync) and worker.engine.version == version
+        worker.weights.swap_to_latest(worker.sync)
+        receiver = worker.weights._receiver
+        if registered and receiver is not None and receiver.registered.is_set():
+            Path(registered).touch()
+    assert worker.engine.version == version
     if record == "weights":
-        torch.save({name: t.clone() for name, t in worker.engine.state_dict().items()}, out)
+        caught_up = worker.weights.c_caught_up._value.get()
+        torch.save({"weights": {name: t.clone() for name, t in worker.engine.state_dict().items()},
+                    "caught_up": caught_up}, out)
     else:
         prompts = [[{"role": "user", "content": "What is 3 + 4?"}], [5, 9, 11]]
         rows = worker.engine.generate(prompts, SamplingParams(temperature=1.0, max_tokens=12, seed=4), n=2)
         torch.save([(worker.engine.kind, c.prompt_ids, c.response_ids, c.logprobs, c.model_version)
                     for row in rows for c in row], out)
-    receiver = worker.weights._receiver
-    receiver.close(timeout=60)  # until the trainer's farewell
     worker.close()
     clients.close()
-    if receiver.error is not None:
-        raise receiver.error
 
 
-def start_collective_training(run_config, tiny_model_dir, tmp_path, timeout_s: float, rollout: dict | None = None):
-    """A trainer (thread) that trains 2 steps and broadcasts each version to one receiver; returns the config,
-    the clients, the trainer and the overrides a receiver process loads its config from."""
+def until(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def start_collective_training(run_config, tiny_model_dir, tmp_path, timeout_s: float, rollout: dict | None = None,
+                              *, steps: int = 2, weights: dict | None = None):
+    """A trainer (thread) that trains ``steps`` steps (experiences of the first two are produced here) and
+    broadcasts each version; returns the config, the clients, the trainer and the overrides a receiver process
+    loads its config from."""
     overrides = _settings(tiny_model_dir, tmp_path / "ckpt", trainer={
-        "total_steps": 2, "weights": {"method": "collective", "collective_timeout_s": timeout_s}})
+        "total_steps": steps, "weights": {"method": "collective", "collective_timeout_s": timeout_s,
+                                          **(weights or {})}})
     overrides["rollout"].update(rollout or {})
     config = run_config(**overrides)
     clients = _clients(config)
@@ -464,13 +489,71 @@ def test_collective_broadcast_reaches_a_receiver_process_over_gloo(run_config, t
     out = tmp_path / "received.pt"
     train_beside_a_child(trainer, collective_receiver,
                          (config.kafka.bootstrap_servers, child_overrides, str(out), 2), 150, 60)
-    _assert_same_weights(torch.load(out, weights_only=True), trainer.role)
+    received = torch.load(out, weights_only=True)
+    _assert_same_weights(received["weights"], trainer.role)
+    assert received["caught_up"] == 0  # by broadcast, not from the object store
     signals = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)]
     ready = [s for s in signals if s.kind == SyncKind.NCCL_READY]
     published = [s for s in signals if s.kind == SyncKind.WEIGHTS_PUBLISHED]
-    assert len(ready) == 1 and json.loads(ready[0].state)["world_size"] == 2
+    assert len(ready) == 1 and json.loads(ready[0].state)["receivers"] == 1
     assert [(s.version, s.method, s.uri) for s in published] == [(v, SyncMethod.COLLECTIVE, ready[0].uri)
                                                                   for v in (1, 2)]
+    assert [len(json.loads(s.state)["receivers"]) for s in published] == [1, 1]
+    clients.close()
+
+
+@pytest.mark.timeout(420)
+def test_elastic_collective_sync_a_worker_killed_mid_broadcast_and_one_that_joins_late(run_config, tiny_model_dir,
+                                                                                       tmp_path):
+    """Two workers; one SIGKILLs itself in the middle of v2's broadcast; a third starts after v2. The trainer
+    never waits past receiver_timeout_s for the dead one, and both live workers end on v3 with the trainer's
+    exact tensors (the late one caught v2 up from the object store, then got v3 by broadcast)."""
+    import multiprocessing
+
+    timeout_s = 10.0
+    config, clients, trainer, child_overrides = start_collective_training(
+        run_config, tiny_model_dir, tmp_path, 120, steps=3,
+        weights={"collective_receivers": 2, "receiver_timeout_s": timeout_s})
+    spawn = multiprocessing.get_context("spawn")
+    bootstrap = config.kafka.bootstrap_servers
+    out = {name: tmp_path / f"{name}.pt" for name in "abc"}
+    late_registered = tmp_path / "c.registered"
+    children = {"a": spawn.Process(target=collective_receiver, args=(bootstrap, child_overrides, str(out["a"]), 3)),
+                "b": spawn.Process(target=collective_receiver,
+                                   args=(bootstrap, child_overrides, str(out["b"]), 3, "weights", 2))}
+    try:
+        for child in children.values():
+            child.start()
+        until(lambda: trainer.role is not None and trainer.role.published_version >= 2, 240,
+              "the trainer never published v2")
+        children["b"].join(30)
+        assert children["b"].exitcode == -signal.SIGKILL
+        children["c"] = spawn.Process(target=collective_receiver, args=(bootstrap, child_overrides, str(out["c"]),
+                                                                        3, "weights", 0, str(late_registered)))
+        children["c"].start()
+        until(late_registered.exists, 120, "the late worker never registered")
+        produce(clients, config, steps_of(2, 2))
+        trainer.join(240)
+        for name in "ac":
+            children[name].join(120)
+            assert children[name].exitcode == 0, name
+    finally:
+        for child in children.values():
+            if child.is_alive():
+                child.kill()
+    received = {name: torch.load(out[name], weights_only=True) for name in "ac"}
+    for name in "ac":
+        _assert_same_weights(received[name]["weights"], trainer.role)
+    metrics = {(m.name, m.step): m.value for m in read_all(config, clients.bootstrap, "metrics", clients.serde,
+                                                             Metric, idle=1) if m.role == "trainer"}
+    publish_s = [metrics["time/publish_weights", step] for step in range(3)]
+    assert max(publish_s) < timeout_s + 5, publish_s  # the dead worker held no sync up past receiver_timeout_s
+    receivers = [metrics["weights/broadcast_receivers", step] for step in range(3)]
+    assert receivers[0] == 2 and receivers[2] == 2, receivers  # v1 to a and b; v3 to a and c
+    # v2's broadcast broke when b died (a lost it too) unless a's copy was complete before: a loaded it from the
+    # object store exactly when the trainer says it did not reach a; c (not there yet) always did
+    assert received["a"]["caught_up"] == (1 if receivers[1] == 0 else 0), receivers
+    assert received["c"]["caught_up"] == 1
     clients.close()
 
 

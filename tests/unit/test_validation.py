@@ -3,6 +3,7 @@ the trainer-lineage rule for weights, and the dead-letter ledger. No broker."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -102,11 +103,20 @@ def test_sync_signals_are_checked_against_the_run_transport():
     check_sync(SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.OBJECT_STORE),
                weights_method="object_store")
     ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri="tcp://h:1",
-                       state=json.dumps({"world_size": 2, "claim": "tcp://h:2"}))
+                       state=json.dumps({"session": "ab12", "receivers": 2}))
     check_sync(ready, weights_method="collective")
     assert reason_of(check_sync, ready, weights_method="object_store") == "wrong-transport"
     collective = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.COLLECTIVE)
     assert reason_of(check_sync, collective, weights_method="object_store") == "wrong-transport"
+    check_sync(collective, weights_method="collective", weights_url="file:///w")
+    delivered = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.COLLECTIVE, lineage="a",
+                           state=json.dumps({"epoch": 2, "receivers": ["w0/1"], "catch_up": "file:///elsewhere"}))
+    assert reason_of(check_sync, delivered, weights_method="collective", weights_url="file:///w") == \
+        "missing-sha256"
+    assert reason_of(check_sync, replace(delivered, sha256="a" * 64), weights_method="collective",
+                     weights_url="file:///w") == "foreign-uri"
+    assert reason_of(check_sync, replace(delivered, state='{"epoch": -1}'), weights_method="collective",
+                     weights_url="file:///w") == "bad-state"
     assert reason_of(check_sync, SyncSignal(kind=SyncKind.CANCEL_STEP, version=-2)) == "out-of-range"
     assert reason_of(check_sync, SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{x")) == "bad-state"
     bad_ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri="tcp://h:1",

@@ -338,36 +338,45 @@ def test_ensure_version_gives_up_on_a_refused_version_on_timeout_and_on_stop(sto
 
 # ----------------------------------------------------------------------------- collective
 class FakeReceiver:
+    """Stands in for CollectiveReceiver: ``tensors`` is what it received; ``broken`` the epochs whose group broke
+    before it received their version."""
     started: list["FakeReceiver"] = []
 
-    def __init__(self, ready: SyncSignal, *, device, timeout_s: float) -> None:
+    def __init__(self, ready: SyncSignal, *, member: str, host: str, group_port: int, device,
+                 timeout_s: float) -> None:
         self.ready = ready
+        self.member = f"{member}/0001"
         self.device = device
         self.tensors: dict[int, dict[str, torch.Tensor]] = {}
+        self.broken: set[int] = set()
+        self.closed = False
 
     def start(self) -> "FakeReceiver":
         FakeReceiver.started.append(self)
         return self
 
-    def wait(self, version: int, timeout: float):
-        if version not in self.tensors:
-            raise TimeoutError(f"weights v{version} not received by broadcast within {timeout:.0f}s")
+    def wait(self, version: int, timeout: float, *, epoch: int):
+        if epoch in self.broken or version not in self.tensors:
+            return None
         return version, self.tensors[version]
 
     def close(self, timeout: float = 5.0) -> None:
-        pass
+        self.closed = True
 
 
 def announcement(host: str = "127.0.0.1", lineage: str = LOST, **state) -> SyncSignal:
-    state = {"world_size": 2, "claim": f"tcp://{host}:29501", "session": "ab12cd34ef56", "bucket_bytes": 1 << 20,
-             **state}
+    state = {"session": "ab12cd34ef56", "receivers": 1, "bucket_bytes": 1 << 20, "backend": "gloo", **state}
     return SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE,
-                      uri=f"tcp://{host}:29500", state=json.dumps(state), lineage=lineage)
+                      uri=f"tcp://{host}:29501", state=json.dumps(state), lineage=lineage)
 
 
-def broadcast_signal(version: int, lineage: str = LOST) -> SyncSignal:
+def broadcast_signal(version: int, lineage: str = LOST, *, receivers=("w0/0001",), epoch: int = 1,
+                     catch_up: SyncSignal | None = None) -> SyncSignal:
+    """A collective WEIGHTS_PUBLISHED; ``catch_up``: the object-store signal of its catch-up copy."""
+    state = {"epoch": epoch, "receivers": list(receivers), "catch_up": catch_up.uri if catch_up else ""}
     return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.COLLECTIVE,
-                      uri="tcp://127.0.0.1:29500", lineage=lineage)
+                      uri="tcp://127.0.0.1:29501", lineage=lineage, state=json.dumps(state),
+                      sha256=catch_up.sha256 if catch_up else "")
 
 
 def test_an_announcement_is_not_joined_in_an_object_store_run(store_dir: Path):
@@ -380,11 +389,10 @@ def test_an_announcement_is_not_joined_in_an_object_store_run(store_dir: Path):
     assert [r.reason for r in follower.take_refusals()] == ["wrong-method"]  # once per announcement
 
 
-@pytest.mark.parametrize("ready", [announcement(host="10.9.8.7"), announcement(claim="tcp://10.9.8.7:1"),
-                                   announcement(world_size="2"), announcement(session="x; rm"),
-                                   announcement(backend="mpi"),
+@pytest.mark.parametrize("ready", [announcement(host="10.9.8.7"), announcement(receivers="2"),
+                                   announcement(session="x; rm"), announcement(backend="mpi"),
                                    signal_like(announcement(), kind=SyncKind.NCCL_READY, lineage="a/b")],
-                         ids=["group elsewhere", "claim elsewhere", "world size", "session", "backend", "lineage"])
+                         ids=["store elsewhere", "receivers", "session", "backend", "lineage"])
 def test_a_forged_announcement_is_not_joined(store_dir: Path, ready):
     FakeReceiver.started.clear()
     follower, _, _ = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
@@ -428,3 +436,39 @@ def test_broadcast_weights_are_loaded_from_the_joined_group_of_their_lineage(sto
     assert follower.swap_to_latest(view)
     assert_serves(engine, weights(11), 1)
     assert follower.loaded.lineage == RESUMED
+
+
+def test_a_version_this_worker_missed_by_broadcast_is_caught_up_from_the_object_store(store_dir: Path):
+    """Not among the receivers (joined late), or among them but its group broke: the catch-up copy, verified
+    like any object-store version; a worker never waits for a broadcast it cannot get."""
+    FakeReceiver.started.clear()
+    follower, engine, registry = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
+    view = View().apply(announcement())
+    follower.follow(view)
+    (receiver,) = FakeReceiver.started
+    late = broadcast_signal(1, receivers=("w1/0001",), catch_up=publish(store_dir, 1))
+    assert follower.swap_to_latest(view.apply(late))
+    assert_serves(engine, weights(1), 1)
+    receiver.broken.add(2)
+    receiver.tensors[2] = weights(99)  # what a broken group left half-received: never served
+    assert follower.swap_to_latest(view.apply(broadcast_signal(2, epoch=2, catch_up=publish(store_dir, 2))))
+    assert_serves(engine, weights(2), 2)
+    receiver.tensors[3] = weights(3)  # received whole: the broadcast copy, the store is not read
+    copy = publish(store_dir, 3)
+    shutil.rmtree(Path(copy.uri.removeprefix("file://")).parent)
+    assert follower.swap_to_latest(view.apply(broadcast_signal(3, epoch=3, catch_up=copy)))
+    assert_serves(engine, weights(3), 3)
+    assert registry.get_sample_value("streamrft_rollout_weights_caught_up_total") == 2
+    assert follower.take_refusals() == []
+
+
+def test_a_missed_broadcast_without_a_catch_up_copy_or_from_elsewhere_is_refused(store_dir: Path):
+    FakeReceiver.started.clear()
+    follower, engine, _ = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
+    view = View().apply(announcement())
+    follower.follow(view)
+    assert not follower.swap_to_latest(view.apply(broadcast_signal(1, receivers=())))
+    foreign = publish(store_dir.parent / "elsewhere", 2)
+    assert not follower.swap_to_latest(view.apply(broadcast_signal(2, receivers=(), catch_up=foreign)))
+    assert [r.reason for r in follower.take_refusals()] == ["missed-broadcast", "foreign-uri"]
+    assert engine.version == 0

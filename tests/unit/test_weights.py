@@ -351,8 +351,9 @@ def test_publishers_put_a_fresh_lineage_in_every_signal(tmp_path: Path):
         ready = collective.announcement()
         assert ready.kind == SyncKind.NCCL_READY and ready.lineage == collective.lineage != first.lineage
         state = check_announcement(ready, "127.0.0.1")
-        claim_port = int(state["claim"].rpartition(":")[2])
-        assert _listening_addresses(claim_port) == {"0100007F"}
+        assert state["session"] == collective.session and state["backend"] == "gloo"
+        membership_port = int(ready.uri.rpartition(":")[2])
+        assert _listening_addresses(membership_port) == {"0100007F"}
         with pytest.raises(ValueError, match="collective_host"):
             check_announcement(ready, "10.1.2.3")
     finally:
