@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "run",
     "report",
     "k8s",
+    "serve",
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from streamrft.engines.training.settings import AlgorithmSettings, OptimizerSettings
 
@@ -204,3 +204,25 @@ class MonitorConfig(Section):
     output_dir: str = "runs/{name}"
     tensorboard: bool = True
     metrics_port: int | None = 9100
+
+
+class ServeConfig(Section):
+    """``streamrft serve``: an OpenAI-compatible HTTP server in front of the run's inference engine, whose
+    completions become experiences when the client sends feedback."""
+
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the HTTP server binds")
+    port: int = Field(default=8000, ge=0, le=65535, description="0 = any free port (printed at start)")
+    api_key: SecretStr | None = Field(default=None, description="required as 'Authorization: Bearer <key>' when "
+                                                                "set (STREAMRFT_SERVE__API_KEY)")
+    model_name: str = Field(default="", description="the model id clients name; empty = the run's name")
+    grouping: Literal["request", "count", "client"] = Field(
+        default="request",
+        description="GRPO groups of the experiences: request = the n choices of one request; count = every "
+                    "group_size responses that get feedback; client = the group_id and group_size the feedback "
+                    "names")
+    group_size: int = Field(default=4, ge=1, description="grouping: count")
+    pending_ttl_s: float = Field(default=900.0, gt=0,
+                                 description="a completion without feedback after this long is dropped (counted)")
+    max_pending: int = Field(default=100_000, ge=1, description="completions kept for feedback; the oldest go first")
+    max_tokens: int = Field(default=512, ge=1, description="upper bound of a request's max_tokens")
+    sync_poll_s: float = Field(default=1.0, gt=0, description="how often the server looks for new weights")

@@ -16,7 +16,8 @@ from .environment import read_environment
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicConfig, TopicsConfig
 from .kubernetes import KubernetesConfig
 from .limits import LimitsConfig
-from .roles import ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, TrainerConfig
+from .roles import (ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, ServeConfig,
+                    TrainerConfig)
 
 TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
 
@@ -36,6 +37,7 @@ class RunConfig(Section):
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
     monitor: MonitorConfig = MonitorConfig()
+    serve: ServeConfig = ServeConfig()
     launch: LaunchConfig = LaunchConfig()
     limits: LimitsConfig = LimitsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()

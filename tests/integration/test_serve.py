@@ -1,0 +1,118 @@
+"""Serve mode on the real broker with the tiny model, through the official `openai` client: completions
+(streamed and not), feedback that becomes Experiences with the very tokens and logprobs the server returned, a
+trainer that trains on them, and the server swapping to the weights it publishes."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from streamrft.consumers.serve import ServeRole
+from streamrft.commands.serve import http_server
+from streamrft.kafka import KafkaClients
+from streamrft.lifecycle import StopSignal
+from streamrft.schemas import Experience, unpack_f32, unpack_i32
+
+from .roles import read_all
+from .test_trainer_side import trainer_thread
+
+pytestmark = [pytest.mark.kafka, pytest.mark.model]
+
+KEY = "sk-streamrft-test"
+QUESTION = [{"role": "user", "content": "What is 3 + 4?"}]
+
+
+@pytest.fixture
+def served(run_config, tiny_model_dir, tmp_path):
+    config = run_config(
+        model={"path": str(tiny_model_dir)},
+        explorer={"batch_size": 1, "repeat_times": 4, "metrics_port": None},
+        rollout={"sampling": {"max_tokens": 6, "temperature": 1.0}, "metrics_port": None},
+        trainer={"checkpoint_dir": str(tmp_path / "ckpt"), "metrics_port": None, "device": "cpu", "lr": 1e-2,
+                 "micro_batch_size": 8, "total_steps": 1},
+        serve={"api_key": KEY, "port": 0, "model_name": "tiny", "sync_poll_s": 0.2})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    role = ServeRole(config, clients, StopSignal(signals=())).start()
+    server = http_server(role)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the HTTP server did not start"
+        time.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    yield config, clients, role, base, openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+    server.should_exit = True
+    thread.join(10)
+    role.close()
+    clients.close()
+
+
+def feedback(base: str, **body) -> httpx.Response:
+    return httpx.post(f"{base}/feedback", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+
+
+def test_the_openai_client_gets_completions_streamed_and_not(served):
+    config, _, role, base, client = served
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    chat = client.chat.completions.create(model="tiny", messages=QUESTION, n=2, max_tokens=5, logprobs=True)
+    assert chat.id.startswith("chatcmpl-") and len(chat.choices) == 2
+    assert chat.system_fingerprint == "v0" and chat.usage.completion_tokens >= 2
+    for choice in chat.choices:
+        assert choice.finish_reason in ("stop", "length") and isinstance(choice.message.content, str)
+        assert 1 <= len(choice.logprobs.content) <= 5
+        assert all(t.logprob <= 0 for t in choice.logprobs.content)
+        assert "".join(t.token for t in choice.logprobs.content) == choice.message.content
+    stream = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=5, stream=True, seed=3)
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    again = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=5, seed=3)
+    assert streamed == again.choices[0].message.content  # same seed: what streamed is the whole answer
+    text = client.completions.create(model="tiny", prompt="3 + 4 =", max_tokens=4, logprobs=1)
+    assert text.object == "text_completion" and len(text.choices[0].logprobs.token_logprobs) >= 1
+    pieces = list(client.completions.create(model="tiny", prompt="3 + 4 =", max_tokens=4, stream=True))
+    assert pieces[-1].choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0).models.list()
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="another", messages=QUESTION)
+    assert httpx.get(f"{base}/health").json()["model_version"] == 0
+    metrics = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    assert 'streamrft_serve_requests_total{endpoint="chat"} 3.0' in metrics
+    assert len(role.pending) == 2 + 1 + 1 + 1 + 1  # every choice above waits for feedback
+
+
+def test_feedback_becomes_experiences_a_trainer_learns_from_and_the_server_swaps(served):
+    config, clients, role, base, client = served
+    chat = client.chat.completions.create(model="tiny", messages=QUESTION, n=4, max_tokens=6, logprobs=True)
+    rewards = [1.0, 0.0, 1.0, 0.0]
+    for i, reward in enumerate(rewards):
+        answer = feedback(base, response_id=chat.id, choice=i, reward=reward)
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"eid": f"{chat.id}/{i}", "group_id": chat.id, "group_size": 4, "run_index": i,
+                                 "model_version": 0}
+    assert feedback(base, response_id=chat.id, choice=0, reward=1.0).status_code == 409  # never twice
+    assert feedback(base, response_id="chatcmpl-unknown", reward=1.0).status_code == 404
+    experiences = sorted(read_all(config, clients.bootstrap, "experiences", clients.serde, Experience, idle=1),
+                         key=lambda e: e.run_index)
+    assert [e.reward for e in experiences] == rewards
+    for experience, choice in zip(experiences, chat.choices):
+        assert experience.group_id == chat.id and experience.group_size == 4
+        served_logprobs = [t.logprob for t in choice.logprobs.content]
+        assert unpack_f32(experience.logprobs).tolist() == pytest.approx(served_logprobs, abs=1e-6)
+        response = unpack_i32(experience.tokens)[experience.prompt_length:]
+        assert role.engine.tokenizer.decode(response, skip_special_tokens=True) == choice.message.content
+    trainer = trainer_thread(config, clients)
+    trainer.join(120)
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{base}/health").json()["model_version"] != 1:
+        assert time.monotonic() < deadline, "the server never swapped to the trained weights"
+        time.sleep(0.2)
+    after = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4)
+    assert after.system_fingerprint == "v1"
