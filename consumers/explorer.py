@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -29,7 +30,7 @@ from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import lag_allows, may_publish, required_version
 from streamrft.producers.task_files import FieldMapping, read_tasks
-from streamrft.rollout_stats import eval_metrics, step_metrics
+from streamrft.rollout_stats import eval_metrics, retry_metrics, step_metrics
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
 from streamrft.selection import Selector
 from streamrft.validation import ExplorerState, check_result, check_task
@@ -48,6 +49,8 @@ class Outstanding:
     requests: dict[str, RolloutRequest]
     results: dict[str, RolloutResult] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    attempts: list[RolloutResult] = field(default_factory=list)  # failed attempts that were retried
+    first_attempt: dict[str, str] = field(default_factory=dict)  # retry's request id -> the first attempt's
 
     @property
     def missing(self) -> list[str]:
@@ -235,7 +238,7 @@ class Explorer:
             request = RolloutRequest(request_id=f"s{step}-e{epoch}-{task.task_id}", step=step,
                                      kind=RolloutKind.TRAIN, task=task,
                                      repeat_times=task.repeat_times or s.repeat_times,
-                                     min_model_version=min_version)
+                                     min_model_version=min_version, deadline_ms=self._deadline_ms())
             requests[request.request_id] = request
         self.state.next_step = step + 1
         self.state.awaiting = {"step": step, "requests": list(requests),
@@ -279,6 +282,7 @@ class Explorer:
             self.c_results.labels(result.status.value).inc()
             self.selector.observe(result)
         metrics = step_metrics(results, outstanding.step, self.sync.version, len(outstanding.requests))
+        metrics.update(retry_metrics(outstanding.attempts))
         metrics["time/step_s"] = time.monotonic() - outstanding.started
         self.state.awaiting = None
         self.state.finished_step = outstanding.step
@@ -304,7 +308,8 @@ class Explorer:
             for item in self.results.poll(max_records=500, timeout=POLL_S):
                 result = item.record
                 if result.request_id in outstanding.requests:
-                    outstanding.results[result.request_id] = result
+                    if not self._retried(outstanding, result):
+                        outstanding.results[result.request_id] = result
                 else:  # a straggler of a step that was already finished (over-rollout / timeout)
                     logger.debug("explorer: late result %s of step %d ignored", result.request_id, result.step)
             self.sync.poll(0)
@@ -315,6 +320,41 @@ class Explorer:
                 reached_min_at = reached_min_at or now
                 if now - reached_min_at >= grace_s and len(outstanding.results) < len(outstanding.requests):
                     return
+
+    def _retried(self, outstanding: Outstanding, result: RolloutResult) -> bool:
+        """A FAILED or TIMEOUT task with retries left (``explorer.max_retries``) is published again under a new
+        request id, which replaces the old one in the step (and in the explorer's state, same transaction). The
+        failed attempt is kept for the step's metrics. After an explorer restart the awaited step's requests
+        are known by id only: their failures are not retried."""
+        request = outstanding.requests.get(result.request_id)
+        if request is None or result.status not in (RolloutStatus.FAILED, RolloutStatus.TIMEOUT):
+            return False
+        first = outstanding.first_attempt.get(result.request_id, result.request_id)
+        attempts = 1 + sum(1 for r in outstanding.attempts if outstanding.first_attempt.get(r.request_id,
+                                                                                             r.request_id) == first)
+        if attempts > self.settings.max_retries:
+            return False
+        retry = dataclasses.replace(request, request_id=f"{first}-retry{attempts}", deadline_ms=self._deadline_ms())
+        del outstanding.requests[result.request_id]
+        outstanding.requests[retry.request_id] = retry
+        outstanding.first_attempt[retry.request_id] = first
+        outstanding.attempts.append(result)
+        if self.state.awaiting is not None and self.state.awaiting.get("step") == outstanding.step:
+            self.state.awaiting["requests"] = list(outstanding.requests)
+
+        def produce(producer: RecordProducer) -> None:
+            self._produce_requests(producer, [retry])
+            if self.state.awaiting is not None and self.state.awaiting.get("step") == outstanding.step:
+                self._produce_state(producer)
+
+        self.runtime.transaction(produce, f"retrying {first} ({attempts} of {self.settings.max_retries})")
+        logger.info("explorer: %s was %s; retry %d of %d as %s", result.request_id, result.status.value,
+                    attempts, self.settings.max_retries, retry.request_id)
+        return True
+
+    def _deadline_ms(self) -> int | None:
+        timeout = self.config.rollout.task_timeout_s
+        return int(time.time() * 1000 + timeout * 1000) if timeout else None
 
     def _outstanding_from_state(self) -> Outstanding:
         awaiting = self.state.awaiting
@@ -356,7 +396,7 @@ class Explorer:
             for task in tasks:
                 request = RolloutRequest(request_id=f"eval-{taskset.name}-s{step}-{task.task_id}", step=step,
                                          kind=RolloutKind.EVAL, task=task, repeat_times=taskset.repeat_times,
-                                         min_model_version=self.sync.version)
+                                         min_model_version=self.sync.version, deadline_ms=self._deadline_ms())
                 requests[request.request_id] = request
             self.runtime.transaction(lambda p, r=requests: self._produce_requests(p, r.values()),
                                      f"publishing eval {taskset.name}")

@@ -60,6 +60,11 @@ logger = logging.getLogger(__name__)
 Outcome = tuple[list, RolloutResult, object]
 
 
+def _past(deadline_ms: int | None) -> bool:
+    """Whether a request's deadline (epoch milliseconds, set by the explorer) has passed."""
+    return bool(deadline_ms) and time.time() * 1000 >= deadline_ms
+
+
 def default_worker_id() -> str:
     return f"rollout-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:4]}"
 
@@ -69,6 +74,11 @@ def build_engine(config: RunConfig) -> InferenceEngine:
     settings = config.rollout
     if settings.engine == "fake":
         return create_engine("fake", latency_s=settings.fake_latency_s)
+    if settings.engine == "openai":
+        remote = settings.openai
+        return create_engine("openai", resolve_model_path(config.model.path), base_url=remote.base_url,
+                             model=remote.model, timeout_s=remote.timeout_s, max_concurrency=settings.max_batch_size,
+                             api_key=remote.api_key.get_secret_value() if remote.api_key else None)
     kwargs = {"dtype": config.model.dtype, "device": settings.device}
     if settings.engine == "vllm":
         kwargs.update(settings.vllm.model_dump(), max_num_seqs=settings.max_batch_size)
@@ -233,6 +243,8 @@ class RolloutWorker:
             request = item.record
             if request.kind == RolloutKind.TRAIN and request.step <= self.sync.cancelled_step:  # 1.
                 self._done(item, self._cancelled(request))
+            elif _past(request.deadline_ms):
+                self._done(item, self._timed_out(request))
             elif (why := self._over_limit(request)) is not None:  # 2.
                 self._done(item, self._failed(item, why, "over-limit"))
             elif self.settings.batching == "continuous" and self.pool.running >= self.settings.requests_in_flight:
@@ -290,6 +302,21 @@ class RolloutWorker:
                 outcome = self._failed(item, f"{output}\n{output.cause_traceback}", "workflow-error")
             else:
                 outcome = self._succeeded(item.record, output)
+            outcome[1].duration_ms = int((time.monotonic() - started) * 1000)
+            self._done(item, outcome)
+        self._stop_late()
+
+    def _stop_late(self) -> None:
+        """Requests past their deadline (``rollout.task_timeout_s``) are stopped and reported TIMEOUT; what
+        they sampled so far is dropped. (An engine call that is running finishes first: the transformers
+        engine generates a call whole, vLLM stops it at its next step.)"""
+        late = {key for key, (item, _) in self._running.items() if _past(item.record.deadline_ms)}
+        if not late:
+            return
+        self.pool.cancel(late)
+        for key in late:
+            item, started = self._running.pop(key)
+            outcome = self._timed_out(item.record)
             outcome[1].duration_ms = int((time.monotonic() - started) * 1000)
             self._done(item, outcome)
 
@@ -387,6 +414,13 @@ class RolloutWorker:
 
     def _cancelled(self, request: RolloutRequest) -> Outcome:
         return [], self._result(request, RolloutStatus.CANCELLED, []), None
+
+    def _timed_out(self, request: RolloutRequest) -> Outcome:
+        late_ms = int(time.time() * 1000) - (request.deadline_ms or 0)
+        logger.warning("%s: request %s (step %d) stopped %d ms past its deadline (rollout.task_timeout_s)",
+                       self.worker_id, request.request_id, request.step, late_ms)
+        return [], self._result(request, RolloutStatus.TIMEOUT, [], error="past its deadline "
+                                                                         "(rollout.task_timeout_s)"), None
 
     def _result(self, request: RolloutRequest, status: RolloutStatus, samples: list[WorkflowSample],
                 error: str | None = None) -> RolloutResult:

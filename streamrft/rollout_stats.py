@@ -7,6 +7,15 @@ from collections import Counter
 from streamrft.schemas import RolloutResult, RolloutStatus
 
 
+def retry_metrics(attempts: list[RolloutResult]) -> dict[str, float]:
+    """Attempts that failed and were published again (``explorer.max_retries``), by status; the step's other
+    ``rollout/*`` counts are of the attempts that stand."""
+    statuses = Counter(r.status for r in attempts)
+    return {"rollout/retries": float(len(attempts)),
+            "rollout/retried_failed": float(statuses[RolloutStatus.FAILED]),
+            "rollout/retried_timeout": float(statuses[RolloutStatus.TIMEOUT])}
+
+
 def step_metrics(results: list[RolloutResult], step: int, version: int, expected: int) -> dict[str, float]:
     """``rollout/*`` metrics of one step. Reward statistics pool the samples of every OK task (reward_std is
     the pooled standard deviation over all samples, from each task's mean, std and n)."""

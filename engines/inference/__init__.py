@@ -32,6 +32,7 @@ ENGINES: dict[str, str] = {
     "transformers": "hf:TransformersEngine",
     "vllm": "vllm:VLLMEngine",
     "fake": "fake:FakeEngine",
+    "openai": "openai_api:OpenAIEngine",
 }
 
 

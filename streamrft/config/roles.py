@@ -89,6 +89,9 @@ class ExplorerConfig(Section):
     selector: SelectorConfig = SelectorConfig()
     step_timeout_s: float = Field(default=1800.0, gt=0,
                                   description="results missing after this long are reported TIMEOUT")
+    max_retries: int = Field(default=0, ge=0, le=10,
+                             description="a FAILED or TIMEOUT task is published again (a new request id) up to "
+                                         "this many times within its step")
     idle_wait_s: float = Field(default=5.0, gt=0, description="end of topic: wait this long for more tasks")
     metrics_port: int | None = 9101
 
@@ -98,6 +101,16 @@ class ExplorerConfig(Section):
         import math
 
         return max(1, math.ceil((1 - self.over_rollout.ratio) * self.batch_size))
+
+
+class OpenAIEngineConfig(Section):
+    """``rollout.engine: openai``: roll out through an OpenAI-compatible endpoint (no weight updates)."""
+
+    base_url: str = Field(default="", description="the endpoint, e.g. http://host:8000/v1")
+    model: str = Field(default="", description="the model id the endpoint serves")
+    api_key: SecretStr | None = Field(default=None, description="sent as a bearer token "
+                                                                "(STREAMRFT_ROLLOUT__OPENAI__API_KEY)")
+    timeout_s: float = Field(default=600.0, gt=0, description="per HTTP request")
 
 
 class VLLMConfig(Section):
@@ -117,10 +130,11 @@ class VLLMConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["transformers", "vllm", "fake"] = "transformers"
+    engine: Literal["transformers", "vllm", "fake", "openai"] = "transformers"
     device: str = "auto"
     max_batch_size: int = Field(default=64, ge=1, description="sequences generated together (vLLM: max_num_seqs)")
     vllm: VLLMConfig = VLLMConfig()
+    openai: OpenAIEngineConfig = OpenAIEngineConfig()
     batching: Literal["continuous", "batch"] = Field(
         default="continuous", description="continuous: requests join the running engine batch as they are read "
                                           "and commit as each is done; batch: requests_per_batch at a time")
@@ -129,6 +143,9 @@ class RolloutConfig(Section):
                                     description="batch: requests taken together and committed together")
     sampling: SamplingConfig = SamplingConfig()
     fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
+    task_timeout_s: float | None = Field(default=None, gt=0,
+                                         description="a request not done this long after the explorer published "
+                                                     "it is stopped and reported TIMEOUT (its samples dropped)")
     transaction_timeout_ms: int = Field(default=30_000, ge=1000,
                                         description="a killed worker's open transaction is aborted after this")
     metrics_port: int | None = 9102

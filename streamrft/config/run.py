@@ -65,6 +65,14 @@ class RunConfig(Section):
                 "rollout.engine: vllm reports logprobs after top-k/top-p renormalisation, which the trainer "
                 f"cannot reproduce; set rollout.sampling.top_k: 0 and top_p: 1.0 (got {sampling.top_k}, "
                 f"{sampling.top_p}), or use engine: transformers")
+        if self.rollout.engine == "openai":
+            remote = self.rollout.openai
+            if not remote.base_url.startswith(("http://", "https://")) or not remote.model:
+                raise ValueError("rollout.engine: openai needs rollout.openai.base_url (http(s)://host:port/v1) "
+                                 "and rollout.openai.model (the model id the endpoint serves)")
+            if sampling.top_k > 0:
+                raise ValueError("rollout.engine: openai cannot sample with top_k (the OpenAI API has no such "
+                                 "parameter); set rollout.sampling.top_k: 0")
         partitions, wanted = self.topics.rollouts.partitions, self.kubernetes.rollout_max_replicas
         if wanted is not None and wanted > partitions:
             raise ValueError(

@@ -2,14 +2,19 @@
 shuffled order, eval rounds, and over-rollout cancelling stragglers."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from collections import Counter
 
 import pytest
 
 from streamrft.consumers.explorer import Explorer
 from streamrft.consumers.rollout import RolloutWorker
+from streamrft.engines.inference import create_engine
 from streamrft.engines.tasks import make_arithmetic_tasks
+from streamrft.engines.workflows.arithmetic import ArithmeticWorkflow
+from streamrft.engines.workflows.registry import register_workflow
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, Metric, RolloutKind, RolloutRequest, RolloutResult, RolloutStatus
 
@@ -108,4 +113,67 @@ def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
     for request in requests:
         by_step.setdefault(request.step, set()).add(request.task.task_id)
     assert by_step == {0: {t.task_id for t in first}, 1: {t.task_id for t in later}}
+    clients.close()
+
+
+class FlakyOnce:
+    """Registered below as the ``test_flaky_once`` workflow: arithmetic that fails the first time it sees a
+    task (in this process: the worker runs in a thread here)."""
+
+    seen: set[str] = set()
+
+
+@register_workflow("test_flaky_once", replace=True)
+class _FlakyArithmetic(ArithmeticWorkflow):
+    def run(self, task, payload, engine, repeat_times, sampling):
+        if task.task_id not in FlakyOnce.seen:
+            FlakyOnce.seen.add(task.task_id)
+            raise RuntimeError("a transient failure of the environment")
+        return super().run(task, payload, engine, repeat_times, sampling)
+
+
+def test_a_task_past_its_timeout_is_stopped_retried_and_holds_nothing_else(run_config):
+    """rollout.task_timeout_s 1.5 s: a task of 60 samples × 0.1 s is stopped (TIMEOUT), published again, stopped
+    again; a task that fails once succeeds on its retry; the step ends long before the slow task would have."""
+    config = run_config(
+        explorer={"batch_size": 4, "repeat_times": 2, "total_steps": 1, "sync_style": "fully_async",
+                  "max_staleness": 100, "max_retries": 1, "metrics_port": None},
+        rollout={"engine": "fake", "task_timeout_s": 1.5, "requests_in_flight": 8, "metrics_port": None})
+    FlakyOnce.seen.clear()
+    fast = make_arithmetic_tasks(2, seed=8)
+    slow = dataclasses.replace(make_arithmetic_tasks(1, seed=9)[0], repeat_times=60)
+    flaky = dataclasses.replace(make_arithmetic_tasks(1, seed=10)[0], workflow="test_flaky_once")
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    produce_tasks(clients, config, [*fast, slow, flaky])
+    engine = create_engine("fake", latency_s=0.1, incremental=True)  # stoppable between engine steps, as vLLM
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0", engine=engine)).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    started = time.monotonic()
+    wait_for(explorer, [worker], 90)
+    elapsed = time.monotonic() - started
+    worker.stop.request()
+    worker.join(60)
+
+    results = read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult)
+    by_task = {}  # (topic order is per partition, and attempts of a task land on different partitions)
+    for result in sorted(results, key=lambda r: r.request_id):
+        by_task.setdefault(result.task_id, []).append((result.request_id, result.status))
+    slow_id, flaky_id = f"s0-e0-{slow.task_id}", f"s0-e0-{flaky.task_id}"
+    assert by_task[slow.task_id] == [(slow_id, RolloutStatus.TIMEOUT),
+                                     (f"{slow_id}-retry1", RolloutStatus.TIMEOUT)]
+    assert by_task[flaky.task_id] == [(flaky_id, RolloutStatus.FAILED), (f"{flaky_id}-retry1", RolloutStatus.OK)]
+    assert all(statuses == [(f"s0-e0-{t.task_id}", RolloutStatus.OK)] for t in fast
+               for statuses in [by_task[t.task_id]])
+    assert elapsed < 4 * 1.5 + 20, elapsed  # the slow task alone would take 6 s per attempt; nothing waited on it
+    experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience)
+    assert Counter(e.group_id for e in experiences) == {f"s0-e0-{fast[0].task_id}": 2, f"s0-e0-{fast[1].task_id}": 2,
+                                                        f"{flaky_id}-retry1": 2}  # no partial samples of the slow one
+    metrics = {m.name: m.value for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric)
+               if m.role == "explorer" and m.step == 0}
+    assert (metrics["rollout/tasks"], metrics["rollout/ok"], metrics["rollout/timeout"]) == (4, 3, 1)
+    assert (metrics["rollout/retries"], metrics["rollout/retried_failed"], metrics["rollout/retried_timeout"]) == \
+        (2, 1, 1)
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
+    assert all(r.deadline_ms for r in requests)
     clients.close()

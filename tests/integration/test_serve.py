@@ -116,3 +116,52 @@ def test_feedback_becomes_experiences_a_trainer_learns_from_and_the_server_swaps
         time.sleep(0.2)
     after = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4)
     assert after.system_fingerprint == "v1"
+
+
+def test_rollout_engine_openai_rolls_out_through_the_served_endpoint(served, run_config, tiny_model_dir):
+    """rollout.engine: openai against streamrft's own server: the same samples (same seed) and logprobs as the
+    server gives the openai client, and a rollout worker turns a request into a result and experiences."""
+    import json
+
+    from streamrft.consumers.rollout import RolloutWorker, build_engine
+    from streamrft.engines.inference import SamplingParams
+    from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, Task
+
+    _, _, _, base, client = served
+    remote = run_config(model={"path": str(tiny_model_dir)},
+                        rollout={"engine": "openai", "metrics_port": None, "sampling": {"max_tokens": 5},
+                                 "openai": {"base_url": f"{base}/v1", "model": "tiny", "api_key": KEY}})
+    engine = build_engine(remote)
+    try:
+        chat, tokens = engine.generate([QUESTION, [5, 9, 11]], SamplingParams(temperature=1.0, max_tokens=5, seed=3),
+                                       n=2)
+        direct = client.chat.completions.create(model="tiny", messages=QUESTION, n=2, max_tokens=5, seed=3,
+                                                logprobs=True)
+        for mine, theirs in zip(chat, direct.choices):
+            assert mine.text == theirs.message.content
+            assert mine.logprobs == pytest.approx([t.logprob for t in theirs.logprobs.content], abs=1e-6)
+            assert "engine/logprobs_missing" not in mine.metrics  # one tokenizer on both sides
+            assert mine.prompt_ids == engine.prompt_ids(QUESTION)
+        assert all(c.prompt_ids == [5, 9, 11] and len(c.logprobs) == len(c.response_ids) for c in tokens)
+        with pytest.raises(ValueError, match="takes no weights"):
+            engine.check_weights({"lm_head.weight": (1, 1)})
+    finally:
+        engine.close()
+
+    clients = KafkaClients(remote, remote.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    producer = clients.producer()
+    task = Task(task_id="t0", workflow="arithmetic", payload=json.dumps({"question": "3 + 4", "answer": "7"}))
+    producer.produce(remote.topic("rollouts"), RolloutRequest(request_id="r0", step=0, kind=RolloutKind.TRAIN,
+                                                              task=task, repeat_times=2))
+    producer.flush()
+    worker = RolloutWorker(remote, clients, StopSignal(signals=()), "via-openai")
+    try:
+        assert worker.run(max_requests=1) == 1
+    finally:
+        worker.close()
+    (result,) = read_all(remote, clients.bootstrap, "results", clients.serde, RolloutResult, idle=1)
+    assert result.status == RolloutStatus.OK and result.n == 2
+    experiences = read_all(remote, clients.bootstrap, "experiences", clients.serde, Experience, idle=1)
+    assert sorted(e.eid for e in experiences) == ["r0/0", "r0/1"]
+    clients.close()

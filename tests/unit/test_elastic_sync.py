@@ -26,7 +26,7 @@ def version_weights(version: int, mb: int = 4) -> dict[str, torch.Tensor]:
     return {f"layer{i}.weight": torch.randn(BUCKET // 4, generator=g) for i in range(mb)}
 
 
-def receive(address: str, session: str, member: str, out: str, die_in: int, stop) -> None:
+def receive(address: str, session: str, member: str, out: str, die_in: int, stop, timeout_s: float) -> None:
     """Child process: a CollectiveReceiver; saves every version it is handed; with ``die_in`` it SIGKILLs itself
     after the first bucket of that version."""
     from streamrft.consumers.weight_sync import CollectiveReceiver
@@ -43,7 +43,7 @@ def receive(address: str, session: str, member: str, out: str, die_in: int, stop
         collective.ReceivedWeights.__iter__ = dying
     ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri=address,
                        state=json.dumps({"session": session, "receivers": 1, "backend": "gloo"}), lineage="x")
-    receiver = CollectiveReceiver(ready, member=member, host="127.0.0.1", timeout_s=TIMEOUT_S).start()
+    receiver = CollectiveReceiver(ready, member=member, host="127.0.0.1", timeout_s=timeout_s).start()
     version = 0
     while not stop.is_set():
         got = receiver.wait(version + 1, timeout=0.2, epoch=receiver.epoch)
@@ -65,7 +65,8 @@ class Receivers:
     def start(self, member: str, die_in: int = 0) -> None:
         stop = self.ctx.Event()
         proc = self.ctx.Process(target=receive, args=(self.sender.address, self.sender.session, member,
-                                                      str(self.out), die_in, stop), daemon=True)
+                                                      str(self.out), die_in, stop, self.sender.timeout_s),
+                                daemon=True)
         proc.start()
         self.procs[member] = (proc, stop)
 
@@ -108,8 +109,10 @@ def wait_registered(sender: ElasticSender, count: int) -> None:
 
 
 @pytest.fixture
-def elastic(tmp_path: Path):
-    sender = ElasticSender("127.0.0.1", "ab12cd34ef56", timeout_s=TIMEOUT_S)
+def elastic(request, tmp_path: Path):
+    # the membership test times nothing: a generous timeout, so a loaded machine never leaves a member out
+    timeout_s = getattr(request, "param", TIMEOUT_S)
+    sender = ElasticSender("127.0.0.1", "ab12cd34ef56", timeout_s=timeout_s)
     receivers = Receivers(sender, tmp_path)
     yield sender, receivers
     sender.close()
@@ -117,6 +120,7 @@ def elastic(tmp_path: Path):
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("elastic", [30.0], indirect=True, ids=["timeout-30s"])
 def test_members_join_and_leave_between_syncs_and_each_epoch_reaches_the_live_ones(elastic):
     sender, receivers = elastic
     receivers.start("a")
@@ -130,6 +134,7 @@ def test_members_join_and_leave_between_syncs_and_each_epoch_reaches_the_live_on
     wait_registered(sender, 3)
     third = sender.broadcast(version_weights(3).items(), 3, bucket_bytes=BUCKET)
     assert (third.epoch, members_of(third)) == (2, {"a", "b", "c"})
+    assert_same(receivers.received("b", 3), version_weights(3))  # saved before b is asked to stop
     receivers.stop("b")
     fourth = sender.broadcast(version_weights(4).items(), 4, bucket_bytes=BUCKET)
     assert (fourth.epoch, members_of(fourth)) == (3, {"a", "c"})
