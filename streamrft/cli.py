@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "report",
     "k8s",
     "serve",
+    "bench",
 )
 
 

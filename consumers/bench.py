@@ -1,0 +1,190 @@
+"""Bench mode: evaluate the base model and each published version on the run's eval tasksets, through rollout
+workers and Kafka (requests of kind EVAL), and tabulate mean@n / best@n per version.
+
+The bench runs in a namespace of its own (the run's name + ``-bench``: its own topics and groups), so it never
+disturbs a live run: it announces each version there as a WEIGHTS_PUBLISHED that points at the run's object
+store (the manifest's sha256 computed from the store), one version after another, oldest first, and publishes
+the eval requests of that version with ``min_model_version`` = it; the workers of the bench namespace load it
+through their usual, verified path. Version 0 is the model the workers are built with (``model.path``).
+Versions are those the run's object store keeps (``trainer.weights.keep_last``) for the trainer's current
+lineage (from the run's ``sync`` topic).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from streamrft.config import RunConfig
+from streamrft.engines.weights import ObjectStore
+from streamrft.kafka import KafkaClients
+from streamrft.lifecycle import StopSignal
+from streamrft.rollout_stats import eval_metrics
+from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, SyncKind, SyncMethod, SyncSignal
+from streamrft.sync import SyncView
+
+from .explorer import load_eval_tasks
+from .runtime import RoleRuntime
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    version: int
+    taskset: str
+    metrics: dict[str, float]
+
+    def value(self, kind: str, n: int) -> float:
+        return self.metrics.get(f"eval/{self.taskset}/{kind}@{n}", float("nan"))
+
+
+def bench_config(config: RunConfig) -> RunConfig:
+    """The bench namespace of a run: same settings (model, eval tasksets) and the same weights store, its own
+    topics and groups."""
+    weights = config.trainer.weights.model_copy(update={"url": config.weights_url})
+    trainer = config.trainer.model_copy(update={"weights": weights})
+    prefix = config.topic_prefix_override
+    return config.model_copy(update={"name": f"{config.name}-bench", "trainer": trainer,
+                                     "topic_prefix_override": None if prefix is None else f"{prefix}bench."})
+
+
+def published_versions(config: RunConfig, clients: KafkaClients) -> tuple[str, dict[int, tuple[str, str]]]:
+    """The trainer's current lineage (from the run's ``sync``) and the versions its store keeps:
+    ``{version: (manifest uri, sha256)}``."""
+    view = SyncView(clients, client_id=f"{config.name}-bench-sync")
+    try:
+        view.catch_up()
+        lineage = view.lineage
+    finally:
+        view.close()
+    store = ObjectStore(config.weights_url, lineage=lineage)
+    versions = {}
+    for version in store.versions():
+        uri = store.manifest_uri(version)
+        versions[version] = (uri, hashlib.sha256(store.fs.cat_file(store.manifest_path(version))).hexdigest())
+    return lineage, versions
+
+
+def choose_versions(available: list[int], wanted: str) -> list[int]:
+    """``all`` (0 and every available one), ``latest`` (0 and the newest) or ``N,M,...`` (0 is the base)."""
+    if wanted == "all":
+        return [0, *available]
+    if wanted == "latest":
+        return [0, *available[-1:]]
+    chosen = sorted({int(v) for v in wanted.split(",") if v.strip()})
+    missing = [v for v in chosen if v and v not in available]
+    if missing:
+        raise ValueError(f"versions {missing} are not in the object store (it keeps {available or 'none'}; "
+                         "trainer.weights.keep_last)")
+    return chosen
+
+
+class Bench:
+    """Publishes, in the bench namespace, each version and its eval requests, and collects their results."""
+
+    def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *, timeout_s: float = 1800):
+        if not config.explorer.eval_tasksets:
+            raise ValueError("bench mode evaluates explorer.eval_tasksets, and the run config has none")
+        self.config = config
+        self.clients = clients
+        self.stop = stop
+        self.timeout_s = timeout_s
+        self.runtime = RoleRuntime(config, clients, stop, role="bench", source="bench",
+                                   transactional_id=f"{config.name}.bench")
+        self.results = self.runtime.consumer("results", RolloutResult, f"{config.name}.bench-results",
+                                             subscribe=False)
+        self.results.assign(clients.offsets(config.topic("results"), "end"))
+        self.tasksets = [(t, load_eval_tasks(t)) for t in config.explorer.eval_tasksets]
+
+    def run(self, versions: list[int], published: dict[int, tuple[str, str]], lineage: str) -> list[BenchRow]:
+        rows: list[BenchRow] = []
+        for version in versions:
+            if self.stop.requested:
+                break
+            if version:
+                uri, sha256 = published[version]
+                signal = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
+                                    method=SyncMethod.OBJECT_STORE, uri=uri, sha256=sha256, source="bench",
+                                    lineage=lineage)
+                self.runtime.transaction(lambda p, s=signal: p.produce(self.config.topic("sync"), s),
+                                         f"announcing v{version}")
+            rows += self._evaluate(version)
+        return rows
+
+    def _evaluate(self, version: int) -> list[BenchRow]:
+        requests = {}
+        for taskset, tasks in self.tasksets:
+            for task in tasks:
+                rid = f"bench-{taskset.name}-v{version}-{task.task_id}"
+                requests[rid] = (taskset, RolloutRequest(request_id=rid, step=version, kind=RolloutKind.EVAL,
+                                                         task=task, repeat_times=taskset.repeat_times,
+                                                         min_model_version=version))
+
+        def produce(producer) -> None:
+            for _, request in requests.values():
+                producer.produce(self.config.topic("rollouts"), request)
+
+        self.runtime.transaction(produce, f"eval requests of v{version}")
+        results = self._collect(set(requests))
+        rows = []
+        for taskset, _ in self.tasksets:
+            mine = [r for rid, r in results.items() if requests[rid][0].name == taskset.name]
+            rows.append(BenchRow(version, taskset.name, eval_metrics(taskset.name, mine, taskset.repeat_times)))
+            logger.info("bench: v%d %s: %s", version, taskset.name,
+                        ", ".join(f"{k.rpartition('/')[2]}={v:.3f}" for k, v in rows[-1].metrics.items()))
+        return rows
+
+    def _collect(self, wanted: set[str]) -> dict[str, RolloutResult]:
+        got: dict[str, RolloutResult] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(got) < len(wanted) and not self.stop.requested:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"bench: {len(got)} of {len(wanted)} eval results after {self.timeout_s:.0f}s; "
+                                   "are rollout workers running in the bench namespace?")
+            for item in self.results.poll(max_records=500, timeout=0.5):
+                if item.record.request_id in wanted:
+                    got[item.record.request_id] = item.record
+        return got
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def write_outputs(rows: list[BenchRow], tasksets, out: Path) -> tuple[Path, Path | None]:
+    """``bench.csv`` (one row per version and taskset, every metric) and ``bench.png`` (mean@n and best@n per
+    version; None without matplotlib)."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = sorted({k.rpartition("/")[2] for r in rows for k in r.metrics})
+    table = out / "bench.csv"
+    with table.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["version", "taskset", *names])
+        for r in rows:
+            writer.writerow([r.version, r.taskset, *(r.metrics.get(f"eval/{r.taskset}/{n}", "") for n in names)])
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return table, None
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for taskset in tasksets:
+        mine = [r for r in rows if r.taskset == taskset.name]
+        versions = [r.version for r in mine]
+        n = taskset.repeat_times
+        axis.plot(versions, [r.value("mean", n) for r in mine], marker="o", label=f"{taskset.name} mean@{n}")
+        axis.plot(versions, [r.value("best", n) for r in mine], marker="s", linestyle="--",
+                  label=f"{taskset.name} best@{n}")
+    axis.set_xlabel("weights version")
+    axis.set_ylabel("reward")
+    axis.legend()
+    figure.tight_layout()
+    picture = out / "bench.png"
+    figure.savefig(picture, dpi=100)
+    plt.close(figure)
+    return table, picture

@@ -1,0 +1,94 @@
+"""``streamrft bench CONFIG [--versions all|latest|N,M] [--workers K]``: evaluate the base model and published
+versions of a run on its eval tasksets, through rollout workers in a bench namespace of the run's cluster (see
+:mod:`streamrft.consumers.bench`); prints a table and writes ``bench.csv`` and ``bench.png``."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import ConfigError
+from ..lifecycle import StopSignal
+from .common import add_config_argument, config_from, open_run
+
+console = Console()
+
+
+def register(subparsers) -> None:
+    bench = subparsers.add_parser("bench", help="evaluate the base model and each published version on the "
+                                                "run's eval tasksets")
+    add_config_argument(bench, positional=True)
+    bench.add_argument("--versions", default="all", help="all (default), latest, or N,M,... (0 = the base model)")
+    bench.add_argument("--workers", type=int, default=1,
+                       help="rollout workers this command starts in the bench namespace (0: start your own, "
+                            "`streamrft rollout` with the run's name + '-bench')")
+    bench.add_argument("--out", type=Path, default=None, help="where bench.csv and bench.png go "
+                                                              "(default <monitor.output_dir>/bench)")
+    bench.add_argument("--timeout-s", type=float, default=1800, help="per version")
+    bench.set_defaults(func=run_bench)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from streamrft.consumers.bench import bench_config, choose_versions, published_versions, write_outputs
+
+    config = config_from(args)
+    if not config.explorer.eval_tasksets:
+        raise ConfigError("streamrft bench evaluates explorer.eval_tasksets; add at least one "
+                          "({name, path, repeat_times}) to the run config")
+    with open_run(config) as clients:
+        lineage, published = published_versions(config, clients)
+        try:
+            versions = choose_versions(sorted(published), args.versions)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        rows = bench_versions(bench_config(config), versions, published, lineage, args.workers, args.timeout_s,
+                              bootstrap=clients.bootstrap)
+    print_table(rows)
+    table, picture = write_outputs(rows, config.explorer.eval_tasksets, args.out or config.output_dir / "bench")
+    console.print(f"wrote {table}" + (f" and {picture}" if picture else " (no matplotlib: no PNG)"))
+    return 0
+
+
+def bench_versions(config, versions, published, lineage, workers: int, timeout_s: float, *, bootstrap: str):
+    """Run the bench in ``config``'s namespace with ``workers`` rollout workers of this process."""
+    from streamrft.consumers.bench import Bench
+    from streamrft.consumers.rollout import RolloutWorker
+    from streamrft.kafka import KafkaClients
+
+    clients = KafkaClients(config, bootstrap)
+    clients.ensure_topics()
+    with StopSignal() as stop:
+        threads = [_worker_thread(RolloutWorker(config, clients, stop, f"bench-{i}")) for i in range(workers)]
+        bench = Bench(config, clients, stop, timeout_s=timeout_s)
+        try:
+            with console.status(f"evaluating {len(versions)} version(s)"):
+                return bench.run(versions, published, lineage)
+        finally:
+            stop.request()
+            bench.close()
+            for thread, worker in threads:
+                thread.join(60)
+                worker.close()
+            clients.close()
+
+
+def _worker_thread(worker):
+    import threading
+
+    thread = threading.Thread(target=worker.run, name=worker.worker_id, daemon=True)
+    thread.start()
+    return thread, worker
+
+
+def print_table(rows) -> None:
+    table = Table(title="bench: eval tasksets per weights version")
+    for column in ("version", "taskset", "mean@n", "best@n", "accuracy@n", "tasks"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        n = next((k.rpartition("@")[2] for k in row.metrics if "@" in k), "?")
+        get = lambda kind: row.metrics.get(f"eval/{row.taskset}/{kind}@{n}", float("nan"))  # noqa: E731
+        table.add_row(str(row.version), row.taskset, f"{get('mean'):.3f}", f"{get('best'):.3f}",
+                      f"{get('accuracy'):.3f}", f"{row.metrics.get(f'eval/{row.taskset}/tasks', 0):.0f}")
+    console.print(table)
