@@ -63,6 +63,31 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torc
     return PolicyLossOutput(token_loss, ratio.detach(), clipped & (mask > 0))
 
 
+@POLICY_LOSSES.register("decoupled_ppo")
+def decoupled_ppo(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+) -> PolicyLossOutput:
+    """Decoupled PPO (AReaL, Fu et al. 2025) for rollouts several versions old: the clip is taken against the
+    *proximal* policy — the trainer's weights at train time — and the behaviour policy only reweights:
+
+    ``L_t = −w_t · min(r_t·A_t, clip(r_t, 1 − clip_low, 1 + clip_high)·A_t)``,
+    ``r_t = π_θ / π_prox``, ``w_t = min(π_prox / π_behav, tis_cap)`` (no gradient).
+
+    Here ``old_logprobs`` are the proximal logprobs: with this loss the training engine always recomputes them
+    under the current weights before the step (``recompute_old_logprobs`` must stay true) and puts ``w_t`` on
+    every row as the loss weights (as ``tis: true`` does), so this function is the clipped surrogate of ``r_t``;
+    the trust region is around the current weights however stale the sample, which is what lets a
+    ``fully_async`` window grow without the loss of accuracy plain PPO shows.
+    """
+    return ppo_clip(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high)
+
+
 @POLICY_LOSSES.register("gspo")
 def gspo(
     logprobs: torch.Tensor,

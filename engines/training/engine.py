@@ -217,7 +217,7 @@ class TrainingEngine:
         batch = experiences if isinstance(experiences, Batch) else self.collate(experiences, needs_correction)
         batch = batch.to(self.device)
         mask = batch.response_mask
-        corrected = torch.ones_like(batch.needs_correction) if s.tis else batch.needs_correction
+        corrected = torch.ones_like(batch.needs_correction) if s.reweights_every_row else batch.needs_correction
         recompute = s.recompute_old_logprobs or bool(corrected.any())
         batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
         if self.ref_model is not None:

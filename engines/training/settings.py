@@ -107,6 +107,18 @@ class AlgorithmSettings(EngineSettings):
                                                  "stale ones always get it")
     tis_cap: float = Field(default=2.0, ge=1, description="a cap below 1 would down-weight on-policy tokens")
 
+    @property
+    def reweights_every_row(self) -> bool:
+        """Behaviour importance weights on every experience, not only on stale ones."""
+        return self.tis or self.policy_loss == "decoupled_ppo"
+
+    @model_validator(mode="after")
+    def _decoupled_needs_the_proximal_policy(self) -> "AlgorithmSettings":
+        if self.policy_loss == "decoupled_ppo" and not self.recompute_old_logprobs:
+            raise ValueError("policy_loss decoupled_ppo takes its clip against the trainer's current weights, "
+                             "which needs recompute_old_logprobs: true")
+        return self
+
     @model_validator(mode="after")
     def _advantage_params_are_accepted(self) -> "AlgorithmSettings":
         """A misspelt parameter fails here, at load, instead of with a TypeError at the first training step."""

@@ -24,7 +24,7 @@ T = torch.tensor
 # The entries this file has a hand-computed example for; a new registry entry must be added here (with its test).
 COVERED = {
     "advantage": {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus"},
-    "loss": {"ppo_clip", "gspo", "sft"},
+    "loss": {"ppo_clip", "decoupled_ppo", "gspo", "sft"},
     "kl": {"k1", "k2", "k3"},
     "agg": {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},
 }
@@ -109,6 +109,24 @@ def test_ppo_clip_asymmetric_bounds_and_gradients():
     out.token_loss.sum().backward()
     # d(-ratio*A)/dlogp = -ratio*A where unclipped, 0 where clipped
     close(logp.grad, [[0.0, 0.0, 1.1, -0.7]])
+
+
+def test_decoupled_ppo_clips_against_the_proximal_policy_and_reweights_by_the_behaviour_one():
+    # π_θ / π_prox = r = [1.5, 0.5, 1.1, 0.7] (the proximal policy: the weights at train time, log 0 here);
+    # π_prox / π_behav = [2.5, 1, 0.5, 1] (the tokens were sampled by older weights) -> w, capped at 2: [2, 1, .5, 1]
+    # surrogate as PPO's against π_prox: [-1.28, 0.8, 1.1, -0.7]; weighted: [-2.56, 0.8, 0.55, -0.7]
+    logp = torch.log(T([[1.5, 0.5, 1.1, 0.7]])).requires_grad_()
+    proximal = torch.zeros(1, 4)
+    behaviour = torch.log(T([[0.4, 1.0, 2.0, 1.0]]))
+    adv = T([[1.0, -1.0, -1.0, 1.0]])
+    mask = torch.ones(1, 4)
+    out = POLICY_LOSSES.get("decoupled_ppo")(logp, proximal, adv, mask, clip_low=0.2, clip_high=0.28)
+    w = truncated_importance_weights(proximal, behaviour, mask, cap=2.0).weights
+    close(w, [[2.0, 1.0, 0.5, 1.0]])
+    close(out.token_loss * w, [[-2.56, 0.8, 0.55, -0.7]])
+    assert out.clipped.tolist() == [[True, True, False, False]]
+    (out.token_loss * w).sum().backward()
+    close(logp.grad, [[0.0, 0.0, 0.55, -0.7]])  # −w·r·A where unclipped
 
 
 def test_gspo_sequence_ratio_and_gradient():

@@ -220,6 +220,24 @@ def test_stale_experiences_get_truncated_importance_weights():
 
 
 @pytest.mark.model
+def test_decoupled_ppo_reweights_every_row_by_its_behaviour_policy():
+    """With policy_loss decoupled_ppo the behaviour weights go on fresh rows too (not only stale ones), and
+    the proximal logprobs are the trainer's own (recomputed)."""
+    engine = TrainingEngine(tiny_llama(), TrainingSettings(policy_loss="decoupled_ppo", tis_cap=4.0), device="cpu")
+    current = engine.compute_logprobs(engine.collate(EXPS[:2]))
+    exps = [
+        make_exp([1, 2, 3, 4, 5], 3, 1.0, "a", logprobs=(current[0, :2] - math.log(3)).tolist(), version=0),
+        make_exp([1, 2, 3, 6], 3, 0.0, "a", logprobs=(current[1, :1] + math.log(2)).tolist(), version=0),
+    ]
+    batch = engine.prepare(exps, needs_correction=[False, False])
+    torch.testing.assert_close(batch.old_logprobs, current, atol=1e-5, rtol=0)
+    torch.testing.assert_close(batch.loss_weights, torch.tensor([[3.0, 3.0], [0.5, 0.0]]), atol=1e-4, rtol=0)
+    assert math.isfinite(engine.optimizer_step(batch)["actor/pg_loss"])
+    with pytest.raises(ValueError, match="recompute_old_logprobs"):
+        TrainingSettings(policy_loss="decoupled_ppo", recompute_old_logprobs=False)
+
+
+@pytest.mark.model
 def test_kl_loss_uses_a_frozen_copy_as_reference():
     engine = TrainingEngine(tiny_llama(), TrainingSettings(lr=1e-2, kl_coef=0.1, kl_penalty_coef=0.05), device="cpu")
     assert engine.ref_model is not None and not any(p.requires_grad for p in engine.ref_model.parameters())
