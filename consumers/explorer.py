@@ -135,8 +135,8 @@ class Explorer:
         logged = False
         while not self.stop.requested:
             self.sync.poll(0)
-            version = self.sync.version
-            self.g_version.set(version)
+            version = self._pacing_version()
+            self.g_version.set(self.sync.version)
             ahead_ok = may_publish(step, version, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
             lag = self.clients.lag(self.config.group("trainer"), self.config.topic("experiences")) if ahead_ok else 0
             if ahead_ok and lag is not None and lag_allows(lag, s.max_buffered_batches, per_step):
@@ -145,7 +145,8 @@ class Explorer:
             self.g_waiting.set(1)
             if not logged:
                 need = required_version(step, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
-                why = (f"weights v{version} < v{need}" if not ahead_ok else
+                what = "the trainer's requested sync" if s.sync_style == "trainer_driven" else "weights"
+                why = (f"{what} v{version} < v{need}" if not ahead_ok else
                        "the trainer's lag is unknown: the cluster does not answer" if lag is None else
                        f"trainer lag {lag} experiences")
                 logger.info("explorer: step %d waits (%s)", step, why)
@@ -254,10 +255,15 @@ class Explorer:
                     self.state.epoch, min_version)
         return Outstanding(step, requests)
 
+    def _pacing_version(self) -> int:
+        """The version pacing counts: under ``trainer_driven`` the one the trainer asked the workers to move to
+        (SYNC_REQUEST), not every version it publishes; else the newest published."""
+        return self.sync.requested_version if self.settings.sync_style == "trainer_driven" else self.sync.version
+
     def _min_model_version(self, step: int) -> int:
         s = self.settings
         if s.sync_style == "trainer_driven":
-            return self.sync.version  # workers catch up to what the explorer has seen, no further
+            return self.sync.requested_version  # workers move when the trainer says so, and no further
         return required_version(step, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)
 
     # 4. finish ------------------------------------------------------------------------------------------

@@ -60,7 +60,7 @@ from streamrft.errors import ConfigError
 from streamrft.kafka import KafkaClients, RecordProducer
 from streamrft.kafka.consumer import Delivered, Offsets
 from streamrft.lifecycle import StopSignal
-from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, SyncSignal
+from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, SyncKind, SyncSignal
 from streamrft.schemas import InvalidRecordError
 from streamrft.validation import check_experience
 from .checkpoints import Checkpoints
@@ -341,15 +341,16 @@ class Trainer:
             "time/train_step": train_s,
         })
         self._dropped_stale = self._dropped_incomplete = 0
-        signal = None
+        signals = []
         if self.publisher is not None and self.step % self.config.explorer.sync_interval == 0:
             signal, metrics["time/publish_weights"] = self._publish_weights()  # 5.
+            signals = [signal, *self._sync_request(signal)]
             delivery = getattr(self.publisher, "last_delivery", None)
             if delivery is not None:  # collective: how many receivers got it by broadcast, in which epoch
                 metrics["weights/broadcast_receivers"] = float(len(delivery.receivers))
                 metrics["weights/epoch"] = float(delivery.epoch)
                 metrics["weights/broadcast_failed"] = float(bool(delivery.failure))
-        self._commit(index, metrics, signal)  # 6.
+        self._commit(index, metrics, signals)  # 6.
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
         logger.info("%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, "
@@ -365,10 +366,22 @@ class Trainer:
         self.g_published.set(self.step)
         return signal, time.monotonic() - started
 
-    def _commit(self, index: int, metrics: dict[str, float], signal: SyncSignal | None) -> None:
-        """The step's metrics and signal in one transaction, then the trained-through offsets."""
+    def _sync_request(self, published: SyncSignal) -> list[SyncSignal]:
+        """``trainer_driven``: every ``trainer.sync_request_interval`` published versions the trainer asks the
+        workers to move to the one just published (SYNC_REQUEST); the explorer paces on these, not on the
+        versions published in between (which bench and eval can still use)."""
+        if self.config.explorer.sync_style != "trainer_driven":
+            return []
+        every = self.settings.sync_request_interval or self.config.explorer.sync_interval
+        if published.version % every:
+            return []
+        return [SyncSignal(kind=SyncKind.SYNC_REQUEST, version=published.version, trainer_step=published.version,
+                           source=self.source, lineage=published.lineage)]
+
+    def _commit(self, index: int, metrics: dict[str, float], signals: list[SyncSignal]) -> None:
+        """The step's metrics and signals in one transaction, then the trained-through offsets."""
         def produce(producer: RecordProducer) -> None:
-            if signal is not None:
+            for signal in signals:
                 producer.produce(self.config.topic("sync"), signal)
             self.metrics.publish(index, metrics)
 
@@ -484,7 +497,9 @@ class Trainer:
             logger.info("%s: stop requested after %d steps; checkpointing", self.source, self.step)
         elif self.publisher is not None and self.step > max(self.published_version, 0):
             signal, seconds = self._publish_weights()
-            self._transaction(lambda p: p.produce(self.config.topic("sync"), signal), f"publishing v{self.step}")
+            signals = [signal, *self._sync_request(signal)]
+            self._transaction(lambda p: [p.produce(self.config.topic("sync"), s) for s in signals],
+                              f"publishing v{self.step}")
             logger.info("%s: final weights v%d published in %.1fs", self.source, self.step, seconds)
         self._checkpoint()
         logger.info("%s: stopped after %d steps (%d experiences trained, %d buffered)", self.source, self.step,

@@ -7,7 +7,8 @@ experiences, and the trainer publishes every ``sync_interval`` steps (versions k
   sync; ``sync_offset`` lets it run that many steps further ahead. Required version for step s:
   ``floor(s / k) · k − sync_offset``.
 - ``trainer_driven`` and ``fully_async``: the explorer may be at most ``max_staleness`` steps ahead of the
-  weights: required version ``s − max_staleness``.
+  weights: required version ``s − max_staleness``. Under ``trainer_driven`` "the weights" are the version the
+  trainer last asked the workers to move to (its SYNC_REQUEST), not the newest it published.
 """
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ class SyncView:
         self._cancels: set[int] = set()  # CANCEL_STEP versions not yet known to be valid or superseded
         self._cancelled = -1
         self.collective_ready: SyncSignal | None = None  # the trainer's newest weight-sync group (NCCL_READY)
+        self.requested: SyncSignal | None = None  # trainer_driven: the version the trainer asked workers to serve
         # (partition, offset) of each of the two above, for the dead letter of a refused one
         self.where: dict[SyncKind, tuple[int, int]] = {}
         self.caught_up = False
@@ -59,6 +60,14 @@ class SyncView:
     @property
     def version(self) -> int:
         return self.weights.version if self.weights is not None else 0
+
+    @property
+    def requested_version(self) -> int:
+        """trainer_driven: the newest version the current trainer asked the workers to move to (0: none yet, or
+        only an older trainer lineage's request)."""
+        if self.requested is None or (self.weights is not None and self.requested.lineage != self.weights.lineage):
+            return 0
+        return self.requested.version
 
     @property
     def lineage(self) -> str:
@@ -111,6 +120,9 @@ class SyncView:
             self.explorer = ExplorerState.from_json(signal.state)  # checked when read: it parses
         elif signal.kind == SyncKind.NCCL_READY:
             self.collective_ready = signal
+        elif signal.kind == SyncKind.SYNC_REQUEST:
+            if supersedes(self.requested, signal):
+                self.requested = signal
         elif signal.kind == SyncKind.CANCEL_STEP:
             if signal.version > self._cancelled:
                 self._cancels.add(signal.version)

@@ -196,6 +196,10 @@ class TrainerConfig(OptimizerSettings, Section):
     staleness_policy: Literal["drop", "importance_weight"] = Field(
         default="drop", description="stale experiences: drop them, or keep them importance-weighted (truncated IS)")
     group_timeout_s: float = Field(default=600.0, gt=0)
+    sync_request_interval: int | None = Field(
+        default=None, ge=1,
+        description="explorer.sync_style trainer_driven: ask the workers to move to new weights every this many "
+                    "published versions (SYNC_REQUEST); default explorer.sync_interval")
     save_interval: int = Field(default=10, ge=1)
     checkpoint_dir: str = "runs/{name}/checkpoints"
     keep_checkpoints: int = Field(default=2, ge=1)

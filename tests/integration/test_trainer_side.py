@@ -639,3 +639,51 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     finally:
         again.close()
     clients.close()
+
+
+def test_trainer_driven_workers_move_only_to_the_versions_the_trainer_requests(run_config, tiny_model_dir,
+                                                                                tmp_path):
+    """trainer_driven: the trainer publishes every step but asks for a sync every second version; the explorer
+    paces on those requests and its requests never name another version; no trained experience is staler
+    than max_staleness."""
+    from streamrft.consumers.explorer import Explorer
+    from streamrft.consumers.rollout import RolloutWorker
+    from streamrft.engines.tasks import make_arithmetic_tasks
+    from streamrft.schemas import RolloutRequest
+
+    from streamrft.schemas import RolloutResult
+
+    from .roles import produce_tasks
+
+    steps = 6
+    settings = _settings(tiny_model_dir, tmp_path / "ckpt",
+                         explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps,
+                                   "sync_style": "trainer_driven", "sync_interval": 1, "max_staleness": 2},
+                         trainer={"total_steps": steps, "save_interval": 100, "sync_request_interval": 2})
+    settings["rollout"].update(engine="fake", fake_latency_s=0.05)
+    config = run_config(**settings)
+    clients = _clients(config)
+    produce_tasks(clients, config, make_arithmetic_tasks(steps * 2, seed=3))
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    trainer = trainer_thread(config, clients)
+    try:
+        wait_for(trainer, [worker, explorer], 240)
+        wait_for(explorer, [worker], 60)
+    finally:
+        worker.stop.request()
+        worker.join(60)
+
+    signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
+    published = sorted(s.version for s in signals if s.kind == SyncKind.WEIGHTS_PUBLISHED)
+    requested = sorted(s.version for s in signals if s.kind == SyncKind.SYNC_REQUEST)
+    assert published == list(range(1, steps + 1)) and requested == [2, 4, 6]
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest, idle=1)
+    wanted = {r.request_id: r.min_model_version for r in requests}
+    assert set(wanted.values()) <= {0, 2, 4} and {2, 4} & set(wanted.values())  # paced on the requests only
+    results = read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult, idle=1)
+    assert all(r.model_version >= wanted[r.request_id] for r in results)
+    staleness = [m.value for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric, idle=1)
+                 if m.role == "trainer" and m.name == "trainer/staleness"]
+    assert len(staleness) == steps and max(staleness) <= 2
+    clients.close()
