@@ -111,6 +111,10 @@ class Explorer:
             logger.info("explorer: resuming; finishing step %d first", self.state.awaiting["step"])
             self._finish_step(self._outstanding_from_state())
         logger.info("explorer: starting at step %d, epoch %d", self.state.next_step, self.state.epoch)
+        if self.settings.mode == "explore":
+            logger.info("explorer: explore mode: steps are not paced on a trainer (%s pacing and "
+                        "max_buffered_batches do not apply; requests take whatever weights the workers serve)",
+                        self.settings.sync_style)
         while not self.stop.requested:
             step = self.state.next_step
             if self.settings.total_steps is not None and step >= self.settings.total_steps:
@@ -131,6 +135,8 @@ class Explorer:
     # 1. pacing ------------------------------------------------------------------------------------------
     def _wait_until_allowed(self, step: int) -> bool:
         s = self.settings
+        if s.mode == "explore":  # no trainer: neither weights nor a trainer's lag will ever come
+            return not self.stop.requested
         per_step = s.batch_size * s.repeat_times
         logged = False
         while not self.stop.requested:
@@ -262,6 +268,8 @@ class Explorer:
 
     def _min_model_version(self, step: int) -> int:
         s = self.settings
+        if s.mode == "explore":
+            return 0  # whatever the workers serve
         if s.sync_style == "trainer_driven":
             return self.sync.requested_version  # workers move when the trainer says so, and no further
         return required_version(step, s.sync_style, s.sync_interval, s.sync_offset, s.max_staleness)

@@ -126,11 +126,10 @@ def role_environment(bootstrap: str) -> dict[str, str]:
 def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path) -> list[RoleProcess]:
     env = role_environment(bootstrap)
     logs = run_dir / "logs"
-    processes = [
-        RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env),
-        RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env),
-        RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env),
-    ]
+    processes = [RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env)]
+    if config.explorer.mode == "both":  # explore mode runs without a trainer
+        processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env))
+    processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env))
     workers = config.launch.rollout_workers if args.workers is None else args.workers
     base = config.launch.rollout_metrics_port_base
     for i in range(workers):
@@ -169,7 +168,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
             if failed:
                 outcome = 1
                 break
-            if by_name["explorer"].returncode == 0 and by_name["trainer"].returncode == 0:
+            if all(by_name[name].returncode == 0 for name in ("explorer", "trainer") if name in by_name):
                 break
             time.sleep(0.2)
     follower.close()

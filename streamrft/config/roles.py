@@ -77,6 +77,9 @@ class ExplorerConfig(Section):
     repeat_times: int = Field(default=4, ge=1, description="samples per task (GRPO group size)")
     total_epochs: int | None = Field(default=1, ge=1, description="passes over the tasks topic; null = stream")
     total_steps: int | None = Field(default=None, ge=1)
+    mode: Literal["both", "explore"] = Field(
+        default="both", description="both: pace on a trainer (weights versions, its lag); explore: no trainer "
+                                    "(data generation, evaluation of a fixed model): never wait for one")
     sync_style: Literal["fixed", "trainer_driven", "fully_async"] = "fixed"
     sync_interval: int = Field(default=1, ge=1)
     sync_offset: int = Field(default=0, ge=0)

@@ -177,3 +177,19 @@ def test_a_task_past_its_timeout_is_stopped_retried_and_holds_nothing_else(run_c
     requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
     assert all(r.deadline_ms for r in requests)
     clients.close()
+
+
+@pytest.mark.parametrize("style", ["fixed", "trainer_driven", "fully_async"])
+def test_explore_mode_runs_without_a_trainer_in_every_sync_style(run_config, style):
+    """No trainer: in explore mode the explorer never waits for weights or a trainer's lag, whatever the style
+    (fixed pacing would wait for v1 forever, and the unread experiences would stop it after
+    max_buffered_batches)."""
+    config = run_config(
+        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "total_steps": 4, "sync_style": style,
+                  "max_staleness": 0, "max_buffered_batches": 1, "metrics_port": None},
+        rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
+    clients, state = _run(config, make_arithmetic_tasks(8, seed=11), timeout=60)
+    assert state.done and state.next_step == 4
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
+    assert len(requests) == 8 and {r.min_model_version for r in requests} == {0}
+    clients.close()
