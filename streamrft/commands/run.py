@@ -22,7 +22,7 @@ from ..broker import EmbeddedBroker
 from ..config import RunConfig
 from ..errors import StreamrftError
 from ..kafka import KafkaClients
-from ..launch.dashboard import MetricsFollower, group_lags, render
+from ..launch.dashboard import MetricsFollower, group_lags, render, sync_line
 from ..launch.processes import RoleProcess, stop_all
 from ..lifecycle import StopSignal
 from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
@@ -158,7 +158,8 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
                 lags = group_lags(clients)
                 last_refresh = time.monotonic()
                 if live is not None:
-                    live.update(render(follower, lags, processes, started, config.name))
+                    live.update(render(follower, lags, processes, started, config.name,
+                                       total_steps=config.explorer.total_steps, sync=sync_line(config.explorer)))
                 else:
                     _log_new_steps(follower, reported)
             failed = [p for p in processes if p.returncode not in (None, 0)]

@@ -1,5 +1,6 @@
-"""The live terminal view of ``streamrft run``: recent steps (reward, accuracy, weights version, staleness,
-time), the trainer's latest figures, consumer-group lag, throughput and the role processes."""
+"""The live terminal view of ``streamrft run``: progress (steps done of the total, elapsed, ETA), recent steps
+(reward, accuracy, weights version, staleness, time), the latest eval round per taskset, the sync style, the
+trainer's latest figures, consumer-group lag, throughput and the role processes."""
 from __future__ import annotations
 
 import time
@@ -40,7 +41,33 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def render(follower: MetricsFollower, lags: dict[str, int], processes: list, started: float, run: str):
+def progress(done: int, total: int | None, elapsed_s: float) -> str:
+    """``12/40 steps, ETA 7.5 min`` (the ETA from the pace so far; none before the first step or without a
+    total)."""
+    if total is None:
+        return f"{done} steps"
+    if not done:
+        return f"0/{total} steps"
+    left = max(total - done, 0) * elapsed_s / done
+    return f"{done}/{total} steps, ETA {left / 60:.1f} min"
+
+
+def latest_evals(explorer: dict[int, dict[str, float]]) -> dict[str, tuple[int, dict[str, float]]]:
+    """Per eval taskset, its newest round: ``{taskset: (step, {"mean@4": .., "best@4": ..})}``."""
+    found: dict[str, tuple[int, dict[str, float]]] = {}
+    for step in sorted(explorer):
+        for name, value in explorer[step].items():
+            if name.startswith("eval/") and "@" in name:
+                _, taskset, what = name.split("/", 2)
+                if found.get(taskset, (-1, {}))[0] != step:
+                    found[taskset] = (step, {})
+                found[taskset][1][what] = value
+    return found
+
+
+def render(follower: MetricsFollower, lags: dict[str, int], processes: list, started: float, run: str, *,
+           total_steps: int | None = None, sync: str = ""):
+    """``sync``: a line saying the sync style and its bounds (``fixed, sync_interval 1``)."""
     explorer = follower.by_role.get("explorer", {})
     trainer = follower.by_role.get("trainer", {})
     steps = Table(title="steps", expand=True)
@@ -58,6 +85,14 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     side = Table.grid(padding=(0, 2))
     side.add_column(style="bold")
     side.add_column()
+    elapsed = time.monotonic() - started
+    done = sum(1 for row in explorer.values() if "time/step_s" in row)
+    side.add_row("progress", progress(done, total_steps, elapsed))
+    if sync:
+        side.add_row("sync", sync)
+    for taskset, (step, values) in sorted(latest_evals(explorer).items()):
+        side.add_row(f"eval {taskset} (after step {step})",
+                     ", ".join(f"{k} {v:.3f}" for k, v in sorted(values.items())))
     side.add_row("samples/s (worker)", _fmt(follower.latest.get("rollout_worker/samples_per_s"), ".1f"))
     side.add_row("trainer step", _fmt(max(trainer) if trainer else None, ".0f") if trainer else "-")
     side.add_row("grad norm", _fmt(follower.latest.get("actor/grad_norm"), ".3f"))
@@ -67,9 +102,20 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     for process in processes:
         state = "running" if process.running else f"exited {process.returncode}"
         side.add_row(process.name, state)
-    elapsed = time.monotonic() - started
     return Panel(Group(steps, side), title=f"streamrft run {run} — {elapsed / 60:.1f} min",
                  subtitle="Ctrl-C stops every role and leaves a resumable run")
+
+
+def sync_line(explorer) -> str:
+    """What paces the explorer, in a few words (``explorer`` is the run's ``explorer`` settings)."""
+    if explorer.mode == "explore":
+        return f"explore mode: no trainer, {explorer.sync_style} not applied"
+    if explorer.sync_style == "fixed":
+        return f"fixed: sync every {explorer.sync_interval} step(s), offset {explorer.sync_offset}"
+    bound = f"at most {explorer.max_staleness} step(s) ahead of the weights"
+    if explorer.sync_style == "trainer_driven":
+        return f"trainer_driven: {bound} the trainer requested"
+    return f"fully_async: {bound}, one step in flight"
 
 
 def group_lags(clients: KafkaClients) -> dict[str, int]:

@@ -30,3 +30,25 @@ def test_dashboard_shows_steps_trainer_figures_lag_and_processes():
     assert "0.0123" in text  # trainer step 0 trained explorer step 0's experiences: on the same row
     assert "lag trainer" in text and "64" in text
     assert "exited 1" in text and "3.4" in text
+
+
+def test_dashboard_shows_progress_with_an_eta_the_latest_eval_round_and_the_sync_style():
+    from streamrft.config import load_config
+    from streamrft.launch.dashboard import progress, sync_line
+
+    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
+    follower.by_role["explorer"] = {
+        0: {"time/step_s": 10.0, "eval/mini/mean@4": 0.25, "eval/mini/best@4": 0.5},
+        1: {"time/step_s": 10.0},
+        2: {"time/step_s": 10.0, "eval/mini/mean@4": 0.375, "eval/mini/best@4": 0.75},
+        3: {"time/step_s": 10.0},
+    }
+    console = Console(record=True, width=160)
+    explorer = load_config(overrides={"explorer": {"sync_style": "trainer_driven", "max_staleness": 2}},
+                           env={}).explorer
+    console.print(render(follower, {}, [], time.monotonic() - 120, "demo", total_steps=10, sync=sync_line(explorer)))
+    text = console.export_text()
+    assert "4/10 steps, ETA 3.0 min" in text  # 4 steps in 2 min: 6 more take 3
+    assert "eval mini (after step 2)" in text and "best@4 0.750, mean@4 0.375" in text
+    assert "trainer_driven: at most 2 step(s) ahead of the weights the trainer requested" in text
+    assert progress(0, 10, 5.0) == "0/10 steps" and progress(3, None, 5.0) == "3 steps"
