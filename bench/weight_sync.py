@@ -7,8 +7,8 @@
                  then ``load_weights`` (manifest and every shard verified).
 * sha256, blake3 — for reference: one pass over all the bytes (sha256 on one thread; BLAKE3, the shard digest,
                  on every core). object_store hashes each byte twice (publish and verify).
-* collective   — ``broadcast_weights`` from rank 0 to one receiver over gloo on this machine (two processes),
-                 timed from the start of the broadcast until the receiver has every tensor.
+* collective   — ``broadcast_weights`` from rank 0 to one, then two receivers over gloo on this machine (one
+                 process each), timed from the start of the broadcast until every receiver has every tensor.
 
 Every method ends by copying the tensors into preallocated ones (what an engine's ``load_weights`` does), so
 lazily memory-mapped tensors are really read. The goal is ≤ 2× raw for each transport. Default model: the demo model directory if it has been prepared,
@@ -123,9 +123,10 @@ def bench_file_methods(tensors, workdir: Path, repeats: int, shard_bytes: int) -
     return times
 
 
-def _collective_worker(rank: int, port: int, model_dir: str, repeats: int, bucket_bytes: int, queue) -> None:
+def _collective_worker(rank: int, port: int, model_dir: str, repeats: int, bucket_bytes: int, queue,
+                       world: int) -> None:
     torch.set_num_threads(1)
-    group = CollectiveGroup.join(f"tcp://127.0.0.1:{port}", rank, 2, timeout_s=600)
+    group = CollectiveGroup.join(f"tcp://127.0.0.1:{port}", rank, world, timeout_s=600)
     tensors = model_tensors(Path(model_dir))
     dest = {name: torch.empty_like(t) for name, t in tensors.items()}
     times = []
@@ -136,22 +137,25 @@ def _collective_worker(rank: int, port: int, model_dir: str, repeats: int, bucke
             broadcast_weights(group, tensors.items(), version, bucket_bytes=bucket_bytes)
         else:
             into(dest, receive_weights(group, reuse_buffer=True))
-        group.broadcast(torch.zeros(1), src=1)  # the receiver has everything
+        for receiver in range(1, world):  # every receiver has everything
+            group.broadcast(torch.zeros(1), src=receiver)
         times.append(time.perf_counter() - t0)
     if rank == 0:
         queue.put(("times", times))
         queue.put(("sent", digest(tensors)))
     else:
-        queue.put(("received", digest(dest)))
+        queue.put((f"received{rank}", digest(dest)))
     group.close()
 
 
-def bench_collective(model_dir: Path, repeats: int, bucket_bytes: int):
+def bench_collective(model_dir: Path, repeats: int, bucket_bytes: int, receivers: int = 1):
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.spawn(_collective_worker, args=(free_port(), str(model_dir), repeats, bucket_bytes, queue), nprocs=2)
-    out = dict(queue.get() for _ in range(3))
-    return out["times"], out["sent"] == out["received"]
+    world = 1 + receivers
+    mp.spawn(_collective_worker, args=(free_port(), str(model_dir), repeats, bucket_bytes, queue, world),
+             nprocs=world)
+    out = dict(queue.get() for _ in range(2 + receivers))
+    return out["times"], all(out[f"received{r}"] == out["sent"] for r in range(1, world))
 
 
 def main() -> None:
@@ -190,8 +194,9 @@ def main() -> None:
             ("(blake3 of all bytes, all cores)", times["blake3"], ""),
         ]
         if not args.skip_collective:
-            coll, coll_ok = bench_collective(model_dir, args.repeats, int(args.bucket_mb * (1 << 20)))
-            rows.append(("collective broadcast (gloo)", coll, "yes" if coll_ok else "NO"))
+            for receivers in (1, 2):
+                coll, coll_ok = bench_collective(model_dir, args.repeats, int(args.bucket_mb * (1 << 20)), receivers)
+                rows.append((f"collective (gloo), {receivers} receiver(s)", coll, "yes" if coll_ok else "NO"))
 
         raw_med, raw_best = statistics.median(times["raw"]), min(times["raw"])
         print()

@@ -21,6 +21,10 @@ one rule of which signal is newer: another lineage always, within one lineage a 
 the ``sync`` topic having one partition (``topics.sync.partitions`` is validated to be 1) so signals arrive in
 the order they were written.
 
+Collective catch-up. A collective WEIGHTS_PUBLISHED says which epoch of the elastic group carried the version
+to which members, and where its object-store copy is (``trainer.weights.catch_up``): a worker that was not among
+them, or whose group broke, loads that copy — checked like an object-store signal — instead of waiting.
+
 Retries. Errors of the store itself (``OSError``: not reachable, not there yet, a timeout) are retried with a
 backoff of 1 s doubling to 30 s, at most ``retry_attempts`` times per signal; any other refusal is final for
 that signal (same lineage, version, method, URI and sha256 — a forged signal cannot pre-empt the real one of
@@ -53,11 +57,10 @@ from streamrft.engines.weights import (
     load_weights,
     read_manifest,
 )
+from streamrft.engines.weights.elastic import parse_delivery_state
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView, supersedes  # the one rule of which weights are newer; re-exported here
-
-from streamrft.engines.weights.elastic import parse_delivery_state
 
 from .weight_sync import CollectiveReceiver, check_announcement, receiver_device
 

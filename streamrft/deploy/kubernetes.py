@@ -38,6 +38,8 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = [_config_map(config, config_text)]
     out += [_kafka_topic(config, name, layout) for name, layout in config.topic_layouts().items()]
     for role in ROLES:
+        if role == "trainer" and config.explorer.mode == "explore":
+            continue  # explore mode runs without a trainer
         out.append(_workload(config, role))
         if _metrics_port(config, role) is not None:
             out += [_service(config, role), _service_monitor(config, role)]

@@ -151,3 +151,9 @@ def test_configs_that_cannot_work_on_a_cluster_are_refused_with_what_to_change(c
     ranks = load_config(K8S / "run.yaml", overrides={"trainer": {"nproc": 4}}, env={})
     with pytest.raises(ConfigError, match="trainer.nproc is 4 but kubernetes.trainer_gpus is 1"):
         render(ranks, "")
+
+
+def test_explore_mode_deploys_no_trainer(config):
+    explore = config.model_copy(update={"explorer": config.explorer.model_copy(update={"mode": "explore"})})
+    kinds = {(m["kind"], m["metadata"]["name"]) for m in render(explore, (K8S / "run.yaml").read_text())}
+    assert ("Job", "demo-trainer") not in kinds and ("Deployment", "demo-explorer") in kinds
