@@ -51,6 +51,7 @@ class Outstanding:
     started: float = field(default_factory=time.monotonic)
     attempts: list[RolloutResult] = field(default_factory=list)  # failed attempts that were retried
     first_attempt: dict[str, str] = field(default_factory=dict)  # retry's request id -> the first attempt's
+    retries: dict[str, int] = field(default_factory=dict)  # first attempt's request id -> retries so far
 
     @property
     def missing(self) -> list[str]:
@@ -344,21 +345,22 @@ class Explorer:
         if request is None or result.status not in (RolloutStatus.FAILED, RolloutStatus.TIMEOUT):
             return False
         first = outstanding.first_attempt.get(result.request_id, result.request_id)
-        attempts = 1 + sum(1 for r in outstanding.attempts if outstanding.first_attempt.get(r.request_id,
-                                                                                             r.request_id) == first)
+        attempts = outstanding.retries.get(first, 0) + 1
         if attempts > self.settings.max_retries:
             return False
         retry = dataclasses.replace(request, request_id=f"{first}-retry{attempts}", deadline_ms=self._deadline_ms())
         del outstanding.requests[result.request_id]
         outstanding.requests[retry.request_id] = retry
         outstanding.first_attempt[retry.request_id] = first
+        outstanding.retries[first] = attempts
         outstanding.attempts.append(result)
-        if self.state.awaiting is not None and self.state.awaiting.get("step") == outstanding.step:
-            self.state.awaiting["requests"] = list(outstanding.requests)
+        awaited = self.state.awaiting if (self.state.awaiting or {}).get("step") == outstanding.step else None
+        if awaited is not None:
+            awaited["requests"] = list(outstanding.requests)
 
         def produce(producer: RecordProducer) -> None:
             self._produce_requests(producer, [retry])
-            if self.state.awaiting is not None and self.state.awaiting.get("step") == outstanding.step:
+            if awaited is not None:
                 self._produce_state(producer)
 
         self.runtime.transaction(produce, f"retrying {first} ({attempts} of {self.settings.max_retries})")

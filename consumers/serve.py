@@ -231,9 +231,6 @@ class ServeRole:
         self.c_tokens.inc(sum(len(c.response_ids) for c in completions))
         return request_id, completions
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.engine.tokenizer.encode(text, add_special_tokens=False))
-
     # -- feedback ------------------------------------------------------------------------------------------------
     def feedback(self, response_id: str, choice: int, reward: float, *, group_id: str | None = None,
                  group_size: int | None = None) -> Experience:

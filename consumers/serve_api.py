@@ -79,7 +79,6 @@ def _usage(completions: list[Completion]) -> dict[str, int]:
 def create_app(role: ServeRole) -> FastAPI:
     app = FastAPI(title="streamrft serve", version="1")
     key = role.settings.api_key.get_secret_value() if role.settings.api_key else None
-    tokenizer = role.engine.tokenizer
 
     def authorized(authorization: str | None = Header(default=None)) -> None:
         if key is None:
@@ -99,7 +98,7 @@ def create_app(role: ServeRole) -> FastAPI:
         """The text of each response token, so that they add up to the decoded response."""
         out, before = [], ""
         for i in range(1, len(completion.response_ids) + 1):
-            text = tokenizer.decode(completion.response_ids[:i], skip_special_tokens=True)
+            text = role.engine.decode(completion.response_ids[:i])
             out.append(text[len(before):])
             before = text
         return out
@@ -167,7 +166,7 @@ def create_app(role: ServeRole) -> FastAPI:
         check_model(request.model)
         params = role.params(temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens,
                              seed=request.seed, stop=request.stops())
-        prompt = request.prompt if isinstance(request.prompt, list) else role.encode(request.prompt)
+        prompt = request.prompt if isinstance(request.prompt, list) else role.engine.encode(request.prompt)
         if not prompt:
             raise HTTPException(422, detail={"message": "the prompt is empty", "type": "invalid_request_error"})
         response_id, done = role.complete("completions", prompt, params, request.n)

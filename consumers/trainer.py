@@ -381,12 +381,15 @@ class Trainer:
     def _commit(self, index: int, metrics: dict[str, float], signals: list[SyncSignal]) -> None:
         """The step's metrics and signals in one transaction, then the trained-through offsets."""
         def produce(producer: RecordProducer) -> None:
-            for signal in signals:
-                producer.produce(self.config.topic("sync"), signal)
+            self._produce_signals(producer, signals)
             self.metrics.publish(index, metrics)
 
         self._transaction(produce, f"step {index}")
         self.consumer.commit_offsets(self._trained_through())
+
+    def _produce_signals(self, producer: RecordProducer, signals: list[SyncSignal]) -> None:
+        for signal in signals:
+            producer.produce(self.config.topic("sync"), signal)
 
     def _transaction(self, produce, what: str) -> None:
         self.runtime.transaction(produce, what)
@@ -498,8 +501,7 @@ class Trainer:
         elif self.publisher is not None and self.step > max(self.published_version, 0):
             signal, seconds = self._publish_weights()
             signals = [signal, *self._sync_request(signal)]
-            self._transaction(lambda p: [p.produce(self.config.topic("sync"), s) for s in signals],
-                              f"publishing v{self.step}")
+            self._transaction(lambda p: self._produce_signals(p, signals), f"publishing v{self.step}")
             logger.info("%s: final weights v%d published in %.1fs", self.source, self.step, seconds)
         self._checkpoint()
         logger.info("%s: stopped after %d steps (%d experiences trained, %d buffered)", self.source, self.step,

@@ -168,7 +168,6 @@ class ElasticSender:
         self._set(f"epoch/{epoch}", {"address": address, "candidates": candidates})
         self._set("epoch", epoch)
         deadline = time.monotonic() + self.timeout_s
-        ready = {}
         while True:
             ready = {m for m in candidates if self._server.check([self._key(f"epoch/{epoch}/ready/{m}")])}
             if len(ready) == len(candidates) or time.monotonic() >= deadline:

@@ -97,6 +97,17 @@ def trainer_thread(config, clients, **kwargs) -> RoleThread:
                       lambda stop: Trainer(config, clients, stop, **kwargs)).start()
 
 
+def trainer_process_setup(run_config, settings: dict, tmp_path: Path):
+    """For a trainer in a subprocess: the config, clients, the config written as YAML and the environment."""
+    config = run_config(**settings)
+    clients = _clients(config)
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump({"name": config.name, **settings}))
+    env = {**os.environ, "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
+           "STREAMRFT_LOG_LEVEL": "INFO", "COLUMNS": "400"}
+    return config, clients, config_file, env
+
+
 def audit_eids(root: Path) -> list[str]:
     return [eid for entry in Checkpoints(root, 1).audit() for eid in entry["eids"]]
 
@@ -245,12 +256,7 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
 def test_resume_after_sigkill_trains_every_experience_exactly_once(run_config, tiny_model_dir, tmp_path, ranks):
     ckpt = tmp_path / "ckpt"
     settings = _settings(tiny_model_dir, ckpt, trainer={"total_steps": 12, "save_interval": 4, **ranks})
-    config = run_config(**settings)
-    clients = _clients(config)
-    config_file = tmp_path / "run.yaml"
-    config_file.write_text(yaml.safe_dump({"name": config.name, **settings}))
-    env = {**os.environ, "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
-           "STREAMRFT_LOG_LEVEL": "INFO", "COLUMNS": "400"}
+    config, clients, config_file, env = trainer_process_setup(run_config, settings, tmp_path)
     everything = steps_of(0, 11)
     produce(clients, config, everything[: 5 * 8 + 4])  # five batches and one group of the sixth
 
@@ -323,12 +329,7 @@ def test_sigterm_stops_the_ranks_of_a_distributed_trainer_with_a_sharded_checkpo
     finishes its step and checkpoints with the other rank (its shard), then stops it."""
     ckpt = tmp_path / "ckpt"
     settings = _settings(tiny_model_dir, ckpt, trainer={"total_steps": 5, "nproc": 2, "parallel": "fsdp"})
-    config = run_config(**settings)
-    clients = _clients(config)
-    config_file = tmp_path / "run.yaml"
-    config_file.write_text(yaml.safe_dump({"name": config.name, **settings}))
-    env = {**os.environ, "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": config.kafka.bootstrap_servers,
-           "STREAMRFT_LOG_LEVEL": "INFO", "COLUMNS": "400"}
+    config, clients, config_file, env = trainer_process_setup(run_config, settings, tmp_path)
     produce(clients, config, steps_of(0, 0) + make_group(1, 0))
     log_path = tmp_path / "trainer.log"
     with open(log_path, "w") as log:
