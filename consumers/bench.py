@@ -25,6 +25,7 @@ from streamrft.lifecycle import StopSignal
 from streamrft.rollout_stats import eval_metrics
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView
+from streamrft.validation import check_result
 
 from .explorer import load_eval_tasks
 from .runtime import RoleRuntime
@@ -96,7 +97,7 @@ class Bench:
         self.runtime = RoleRuntime(config, clients, stop, role="bench", source="bench",
                                    transactional_id=f"{config.name}.bench")
         self.results = self.runtime.consumer("results", RolloutResult, f"{config.name}.bench-results",
-                                             subscribe=False)
+                                             subscribe=False, check=check_result)
         self.results.assign(clients.offsets(config.topic("results"), "end"))
         self.tasksets = [(t, load_eval_tasks(t)) for t in config.explorer.eval_tasksets]
 

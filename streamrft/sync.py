@@ -64,10 +64,12 @@ class SyncView:
     @property
     def requested_version(self) -> int:
         """trainer_driven: the newest version the current trainer asked the workers to move to (0: none yet, or
-        only an older trainer lineage's request)."""
-        if self.requested is None or (self.weights is not None and self.requested.lineage != self.weights.lineage):
+        only an older trainer lineage's request), never above the newest it published."""
+        if self.requested is None or self.weights is None or self.requested.lineage != self.weights.lineage:
             return 0
-        return self.requested.version
+        # a trainer requests only what it has published: a forged request for v10^9 must not let the explorer
+        # run ahead unbounded, nor send workers waiting for weights that will never come
+        return min(self.requested.version, self.weights.version)
 
     @property
     def lineage(self) -> str:

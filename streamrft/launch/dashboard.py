@@ -41,14 +41,14 @@ def _fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def progress(done: int, total: int | None, elapsed_s: float) -> str:
-    """``12/40 steps, ETA 7.5 min`` (the ETA from the pace so far; none before the first step or without a
-    total)."""
+def progress(done: int, total: int | None, recent_step_s: list[float]) -> str:
+    """``12/40 steps, ETA 7.5 min``: the ETA from the mean time of the recent steps (the steps' own metrics, so
+    a resumed run's earlier steps do not distort it); none before the first step or without a total."""
     if total is None:
         return f"{done} steps"
-    if not done:
-        return f"0/{total} steps"
-    left = max(total - done, 0) * elapsed_s / done
+    if not recent_step_s:
+        return f"{done}/{total} steps"
+    left = max(total - done, 0) * sum(recent_step_s) / len(recent_step_s)
     return f"{done}/{total} steps, ETA {left / 60:.1f} min"
 
 
@@ -85,9 +85,8 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     side = Table.grid(padding=(0, 2))
     side.add_column(style="bold")
     side.add_column()
-    elapsed = time.monotonic() - started
-    done = sum(1 for row in explorer.values() if "time/step_s" in row)
-    side.add_row("progress", progress(done, total_steps, elapsed))
+    step_times = [explorer[step]["time/step_s"] for step in sorted(explorer) if "time/step_s" in explorer[step]]
+    side.add_row("progress", progress(len(step_times), total_steps, step_times[-5:]))
     if sync:
         side.add_row("sync", sync)
     for taskset, (step, values) in sorted(latest_evals(explorer).items()):
@@ -102,6 +101,7 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     for process in processes:
         state = "running" if process.running else f"exited {process.returncode}"
         side.add_row(process.name, state)
+    elapsed = time.monotonic() - started
     return Panel(Group(steps, side), title=f"streamrft run {run} — {elapsed / 60:.1f} min",
                  subtitle="Ctrl-C stops every role and leaves a resumable run")
 

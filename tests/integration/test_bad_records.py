@@ -173,3 +173,32 @@ def test_no_bad_record_stops_a_role_and_each_is_dead_lettered_once(run_config, t
         again[name].join(60)
     assert {topic: _letters(clients, config, topic) for topic in bad} == first
     clients.close()
+
+
+def test_the_bench_skips_bad_results_and_dead_letters_each_once(run_config, tmp_path: Path):
+    """`streamrft bench` reads `results` of its namespace: the five kinds of bad record there go to its DLQ
+    once each, with a reason, and the result it waits for still arrives."""
+    from streamrft.consumers.bench import Bench
+    from streamrft.lifecycle import StopSignal
+
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text(json.dumps({"question": "1 + 1", "answer": 2}) + "\n")
+    config = run_config(explorer={"eval_tasksets": [{"name": "mini", "path": str(eval_file)}]})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    bench = Bench(config, clients, StopSignal(signals=()), timeout_s=60)
+    try:
+        offsets = _inject(clients, config, "results", bad_records()["results"])
+        producer = clients.producer()
+        producer.produce(config.topic("results"), RolloutResult(request_id="wanted", step=0, task_id="t",
+                                                                status=RolloutStatus.OK, n=1, model_version=0,
+                                                                duration_ms=1), partition=0)
+        producer.flush()
+        assert list(bench._collect({"wanted"})) == ["wanted"]
+    finally:
+        bench.close()
+    letters = _letters(clients, config, "results")
+    assert sorted(o for o, _ in letters) == sorted(offsets) and all(c == 1 for c in letters.values())
+    reasons = {offsets[o]: reason for o, reason in letters}
+    assert reasons["invalid"] != "decode-error" and reasons["wrong-type"] == "wrong-record-type"
+    clients.close()

@@ -48,7 +48,8 @@ def test_dashboard_shows_progress_with_an_eta_the_latest_eval_round_and_the_sync
                            env={}).explorer
     console.print(render(follower, {}, [], time.monotonic() - 120, "demo", total_steps=10, sync=sync_line(explorer)))
     text = console.export_text()
-    assert "4/10 steps, ETA 3.0 min" in text  # 4 steps in 2 min: 6 more take 3
+    assert "4/10 steps, ETA 1.0 min" in text  # 6 more steps of 10 s (the recent steps' pace, not the uptime's)
     assert "eval mini (after step 2)" in text and "best@4 0.750, mean@4 0.375" in text
     assert "trainer_driven: at most 2 step(s) ahead of the weights the trainer requested" in text
-    assert progress(0, 10, 5.0) == "0/10 steps" and progress(3, None, 5.0) == "3 steps"
+    assert progress(0, 10, []) == "0/10 steps" and progress(3, None, [5.0]) == "3 steps"
+    assert progress(38, 40, [30.0, 90.0]) == "38/40 steps, ETA 2.0 min"

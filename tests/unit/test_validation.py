@@ -161,3 +161,21 @@ def test_the_ledger_knows_only_its_own_groups_letters():
     assert ("rft.x.tasks", 0, 3) in ledger and ("rft.x.tasks", 0, 4) not in ledger and len(ledger) == 1
     ledger.add(("rft.x.tasks", 0, 9))
     assert ("rft.x.tasks", 0, 9) in ledger
+
+
+def test_a_sync_request_counts_only_up_to_what_its_trainer_published():
+    """trainer_driven paces on SYNC_REQUEST; one for a version never published (forged, or of another lineage)
+    must not let the explorer run ahead or send workers waiting for weights that never come."""
+    from streamrft.sync import SyncView
+
+    view = SyncView.__new__(SyncView)  # only the signal bookkeeping: no consumer
+    view.weights = view.requested = view.collective_ready = None
+    view._cancels, view._cancelled = set(), -1
+    view._apply(SyncSignal(kind=SyncKind.SYNC_REQUEST, version=4, lineage="a"))
+    assert view.requested_version == 0  # nothing published yet
+    view._apply(SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=4, lineage="a"))
+    assert view.requested_version == 4
+    view._apply(SyncSignal(kind=SyncKind.SYNC_REQUEST, version=10**9, lineage="a"))
+    assert view.requested_version == 4
+    view._apply(SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=1, lineage="b"))  # a resumed trainer
+    assert view.requested_version == 0
