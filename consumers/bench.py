@@ -7,12 +7,16 @@ store (the manifest's sha256 computed from the store), one version after another
 the eval requests of that version with ``min_model_version`` = it; the workers of the bench namespace load it
 through their usual, verified path. Version 0 is the model the workers are built with (``model.path``).
 Versions are those the run's object store keeps (``trainer.weights.keep_last``) for the trainer's current
-lineage (from the run's ``sync`` topic).
+lineage (from the run's ``sync`` topic) or, with ``--checkpoints DIR``, the trainer's checkpoints there (each
+``step-N`` holds weights version N): their weights are published, as the trainer publishes, to a store of the
+bench's own under a lineage of its own, so even versions the run never published or no longer keeps can be
+evaluated.
 """
 from __future__ import annotations
 
 import csv
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -43,10 +47,10 @@ class BenchRow:
         return self.metrics.get(f"eval/{self.taskset}/{kind}@{n}", float("nan"))
 
 
-def bench_config(config: RunConfig) -> RunConfig:
-    """The bench namespace of a run: same settings (model, eval tasksets) and the same weights store, its own
-    topics and groups."""
-    weights = config.trainer.weights.model_copy(update={"url": config.weights_url})
+def bench_config(config: RunConfig, weights_url: str | None = None) -> RunConfig:
+    """The bench namespace of a run: same settings (model, eval tasksets) and the same weights store (or
+    ``weights_url``, the store of checkpoint versions), its own topics and groups."""
+    weights = config.trainer.weights.model_copy(update={"url": weights_url or config.weights_url})
     trainer = config.trainer.model_copy(update={"weights": weights})
     prefix = config.topic_prefix_override
     return config.model_copy(update={"name": f"{config.name}-bench", "trainer": trainer,
@@ -70,7 +74,35 @@ def published_versions(config: RunConfig, clients: KafkaClients) -> tuple[str, d
     return lineage, versions
 
 
-def choose_versions(available: list[int], wanted: str) -> list[int]:
+def checkpoint_versions(config: RunConfig, directory: Path, store_url: str,
+                        progress=None) -> tuple[str, dict[int, tuple[str, str]]]:
+    """Publish the weights of every complete checkpoint with a model under ``directory`` (a trainer's
+    checkpoint directory: ``step-N`` = weights version N) to the store at ``store_url``, under a new lineage,
+    through the training engine (so sharded FSDP checkpoints load too); returns the lineage and ``{version:
+    (manifest uri, sha256)}``. ``progress(done, total)`` is called after each."""
+    from .checkpoints import Checkpoints
+    from .trainer import build_engine
+    from streamrft.engines.weights.object_store import new_lineage
+
+    found = {step: path for step, path in Checkpoints(directory, keep=1).paths().items()
+             if json.loads((path / "state.json").read_text()).get("has_model")}
+    if not found:
+        raise ValueError(f"--checkpoints {directory}: no complete trainer checkpoint with a model (step-N/ with "
+                         "state.json) there; point it at the trainer's checkpoint_dir")
+    engine = build_engine(config, device="cpu")
+    store = ObjectStore(store_url, lineage=new_lineage(), keep_last=len(found))
+    versions = {}
+    for done, (step, path) in enumerate(found.items(), start=1):
+        engine.load_state(path)
+        published = store.publish(engine.named_weights(), version=step)
+        versions[step] = (published.uri, published.sha256)
+        if progress is not None:
+            progress(done, len(found))
+    return store.lineage, versions
+
+
+def choose_versions(available: list[int], wanted: str,
+                    where: str = "the object store (it keeps trainer.weights.keep_last)") -> list[int]:
     """``all`` (0 and every available one), ``latest`` (0 and the newest) or ``N,M,...`` (0 is the base)."""
     if wanted == "all":
         return [0, *available]
@@ -79,8 +111,7 @@ def choose_versions(available: list[int], wanted: str) -> list[int]:
     chosen = sorted({int(v) for v in wanted.split(",") if v.strip()})
     missing = [v for v in chosen if v and v not in available]
     if missing:
-        raise ValueError(f"versions {missing} are not in the object store (it keeps {available or 'none'}; "
-                         "trainer.weights.keep_last)")
+        raise ValueError(f"versions {missing} are not in {where}: it has {available or 'none'}")
     return chosen
 
 

@@ -67,6 +67,10 @@ class Checkpoints:
     def steps(self) -> list[int]:
         return sorted(self._complete())
 
+    def paths(self) -> dict[int, Path]:
+        """The complete checkpoints by step."""
+        return dict(sorted(self._complete().items()))
+
     def latest(self) -> Path | None:
         found = self._complete()
         return found[max(found)] if found else None

@@ -140,22 +140,30 @@ class ExplorerState:
 
     It references tasks, never embeds them: ``pending`` holds ``[epoch, partition, offset]`` of the tasks read
     from ``tasks`` but not yet rolled out, in rollout order, so the record stays a few KiB whatever the
-    prompts."""
+    prompts. ``in_flight`` lists the rounds published whose results are still being collected, oldest first:
+    training steps and eval rounds (``"eval": taskset``), each ``{"step", "requests": [ids],
+    "results_offsets": {partition: offset}}`` (where its results begin on ``results``). ``waiting`` says what
+    holds the next step back ("" when nothing does), for whoever watches the run."""
 
     next_step: int = 0
     epoch: int = 0
     pending: list[list[int]] = field(default_factory=list)
-    awaiting: dict | None = None  # {"step", "requests": [ids], "results_offsets": {partition: offset}}
-    finished_step: int = -1  # last step whose results are all in (or cancelled / timed out)
+    in_flight: list[dict] = field(default_factory=list)
+    finished_step: int = -1  # every step up to this one has its results in (or cancelled / timed out)
     done: bool = False
+    waiting: str = ""
+
+    @property
+    def steps_in_flight(self) -> list[int]:
+        return [entry["step"] for entry in self.in_flight if "eval" not in entry]
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> "ExplorerState":
-        """Tolerant: unknown keys (a newer explorer's) are ignored; a known key of the wrong shape raises
-        InvalidRecordError."""
+        """Tolerant: unknown keys (a newer explorer's) are ignored, an older explorer's single ``awaiting``
+        step is read as the one step in flight; a known key of the wrong shape raises InvalidRecordError."""
         if not text:
             return cls()
         try:
@@ -164,6 +172,8 @@ class ExplorerState:
             _fail("bad-state", f"explorer state is not JSON: {exc}")
         if not isinstance(data, dict):
             _fail("bad-state", f"explorer state must be a JSON object, not {type(data).__name__}")
+        if "in_flight" not in data and "awaiting" in data:
+            data["in_flight"] = [] if data["awaiting"] is None else [data["awaiting"]]
         known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         state = cls(**known)
         state._check()
@@ -174,8 +184,9 @@ class ExplorerState:
             return isinstance(value, kind) and not isinstance(value, bool) if kind is int else isinstance(value, kind)
 
         if not (ok(self.next_step, int) and ok(self.epoch, int) and ok(self.finished_step, int)
-                and isinstance(self.done, bool)):
-            _fail("bad-state", "explorer state: next_step, epoch, finished_step must be integers, done a boolean")
+                and isinstance(self.done, bool) and isinstance(self.waiting, str)):
+            _fail("bad-state", "explorer state: next_step, epoch, finished_step must be integers, done a boolean, "
+                               "waiting a string")
         if not -1 <= self.finished_step < max(self.next_step, 0) + 1 or not 0 <= self.next_step <= MAX_VERSION:
             _fail("bad-state", f"explorer state: next_step {self.next_step}, finished_step {self.finished_step} "
                                "are out of range")
@@ -183,14 +194,15 @@ class ExplorerState:
                 isinstance(ref, list) and len(ref) == 3 and all(ok(v, int) and v >= 0 for v in ref)
                 for ref in self.pending):
             _fail("bad-state", "explorer state: pending must be a list of [epoch, partition, offset]")
-        awaiting = self.awaiting
-        if awaiting is not None and not (
-                isinstance(awaiting, dict) and ok(awaiting.get("step"), int)
-                and isinstance(awaiting.get("requests"), list)
-                and all(isinstance(r, str) for r in awaiting["requests"])
-                and isinstance(awaiting.get("results_offsets", {}), dict)
-                and all(ok(v, int) for v in awaiting.get("results_offsets", {}).values())):
-            _fail("bad-state", "explorer state: awaiting must be {step, requests: [ids], results_offsets}")
+        if not isinstance(self.in_flight, list) or not all(
+                isinstance(entry, dict) and ok(entry.get("step"), int) and -1 <= entry["step"] < self.next_step + 1
+                and isinstance(entry.get("requests"), list) and all(isinstance(r, str) for r in entry["requests"])
+                and isinstance(entry.get("results_offsets", {}), dict)
+                and all(ok(v, int) for v in entry.get("results_offsets", {}).values())
+                and isinstance(entry.get("eval", ""), str)
+                for entry in self.in_flight):
+            _fail("bad-state", "explorer state: in_flight must be a list of {step, requests: [ids], "
+                               "results_offsets, eval?}")
 
 
 def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_url: str | None = None) -> None:

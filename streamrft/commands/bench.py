@@ -1,5 +1,5 @@
-"""``streamrft bench CONFIG [--versions all|latest|N,M] [--workers K]``: evaluate the base model and published
-versions of a run on its eval tasksets, through rollout workers in a bench namespace of the run's cluster (see
+"""``streamrft bench CONFIG [--versions all|latest|N,M] [--checkpoints DIR] [--workers K]``: evaluate the base
+model and published versions (or the trainer's checkpoints) of a run on its eval tasksets, through rollout workers in a bench namespace of the run's cluster (see
 :mod:`streamrft.consumers.bench`); prints a table and writes ``bench.csv`` and ``bench.png``."""
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ def register(subparsers) -> None:
                                                 "run's eval tasksets")
     add_config_argument(bench, positional=True)
     bench.add_argument("--versions", default="all", help="all (default), latest, or N,M,... (0 = the base model)")
+    bench.add_argument("--checkpoints", type=Path, default=None,
+                       help="evaluate the trainer checkpoints in this directory (step-N = version N) instead of "
+                            "the published versions; their weights go to a store under --out")
     bench.add_argument("--workers", type=int, default=1,
                        help="rollout workers this command starts in the bench namespace (0: start your own, "
                             "`streamrft rollout` with the run's name + '-bench')")
@@ -37,18 +40,36 @@ def run_bench(args: argparse.Namespace) -> int:
     if not config.explorer.eval_tasksets:
         raise ConfigError("streamrft bench evaluates explorer.eval_tasksets; add at least one "
                           "({name, path, repeat_times}) to the run config")
+    out = args.out or config.output_dir / "bench"
     with open_run(config) as clients:
-        lineage, published = published_versions(config, clients)
         try:
-            versions = choose_versions(sorted(published), args.versions)
+            if args.checkpoints is not None:
+                store_url = (out / "weights").resolve().as_uri()
+                lineage, published = _publish_checkpoints(config, args.checkpoints, store_url)
+                bench, where = bench_config(config, weights_url=store_url), f"the checkpoints in {args.checkpoints}"
+            else:
+                lineage, published = published_versions(config, clients)
+                bench, where = bench_config(config), "the object store (it keeps trainer.weights.keep_last)"
+            versions = choose_versions(sorted(published), args.versions, where)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        rows = bench_versions(bench_config(config), versions, published, lineage, args.workers, args.timeout_s,
+        rows = bench_versions(bench, versions, published, lineage, args.workers, args.timeout_s,
                               bootstrap=clients.bootstrap)
     print_table(rows)
-    table, picture = write_outputs(rows, config.explorer.eval_tasksets, args.out or config.output_dir / "bench")
+    table, picture = write_outputs(rows, config.explorer.eval_tasksets, out)
     console.print(f"wrote {table}" + (f" and {picture}" if picture else " (no matplotlib: no PNG)"))
     return 0
+
+
+def _publish_checkpoints(config, directory: Path, store_url: str):
+    from rich.progress import Progress
+
+    from streamrft.consumers.bench import checkpoint_versions
+
+    with Progress(console=console) as progress:
+        task = progress.add_task(f"publishing the checkpoints of {directory}", total=None)
+        return checkpoint_versions(config, directory, store_url,
+                                   progress=lambda done, total: progress.update(task, completed=done, total=total))
 
 
 def bench_versions(config, versions, published, lineage, workers: int, timeout_s: float, *, bootstrap: str):

@@ -25,6 +25,7 @@ from ..kafka import KafkaClients
 from ..launch.dashboard import MetricsFollower, group_lags, render, sync_line
 from ..launch.processes import RoleProcess, stop_all
 from ..lifecycle import StopSignal
+from ..sync import SyncView
 from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
 from streamrft.producers.task_producer import produce_tasks
 from .common import add_config_argument, config_from, console
@@ -146,6 +147,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
                dashboard: bool) -> int:
     by_name = {p.name: p for p in processes}
     follower = MetricsFollower(clients)
+    explorer = SyncView(clients, client_id="dashboard-sync")  # the explorer's state: steps in flight, waits
     started = time.monotonic()
     lags: dict[str, int] = {}
     reported: set[int] = set()
@@ -154,12 +156,13 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
     with StopSignal() as stop, (Live(console=console, refresh_per_second=2) if dashboard else nullcontext()) as live:
         while True:
             follower.poll()
+            explorer.poll(0)
             if time.monotonic() - last_refresh > config.launch.dashboard_refresh_s:
                 lags = group_lags(clients)
                 last_refresh = time.monotonic()
                 if live is not None:
                     live.update(render(follower, lags, processes, started, config.name,
-                                       total_steps=config.explorer.total_steps, sync=sync_line(config.explorer)))
+                                       total_steps=config.explorer.total_steps, sync=sync_line(config.explorer, explorer.explorer)))
                 else:
                     _log_new_steps(follower, reported)
             failed = [p for p in processes if p.returncode not in (None, 0)]
@@ -173,6 +176,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
                 break
             time.sleep(0.2)
     follower.close()
+    explorer.close()
     if outcome == 1:
         for process in failed:
             console.print(f"[red]{process.name} exited with {process.returncode}[/]; its log "

@@ -84,10 +84,17 @@ class ExplorerConfig(Section):
     sync_interval: int = Field(default=1, ge=1)
     sync_offset: int = Field(default=0, ge=0)
     max_staleness: int = Field(default=1, ge=0, description="steps the explorer may run ahead of the weights")
+    max_inflight_steps: int = Field(
+        default=1, ge=1, le=64,
+        description="steps published whose results are still being collected; more than 1 lets the explorer run "
+                    "ahead (fully_async, trainer_driven, explore mode) while pacing still bounds it: at most "
+                    "max_staleness + 1 steps are in flight when the explorer paces on a trainer")
     max_buffered_batches: int = Field(default=4, ge=1,
                                       description="trainer lag on experiences, in batches, before pausing")
     over_rollout: OverRolloutConfig = OverRolloutConfig()
     eval_interval: int | None = Field(default=None, ge=1)
+    eval_on_start: bool = Field(default=False, description="evaluate the base model (the weights of step 0) "
+                                                           "before training; its metrics are at step -1")
     eval_tasksets: tuple[EvalTaskset, ...] = ()
     selector: SelectorConfig = SelectorConfig()
     step_timeout_s: float = Field(default=1800.0, gt=0,

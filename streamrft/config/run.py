@@ -82,6 +82,9 @@ class RunConfig(Section):
         if explorer.eval_interval is not None and not explorer.eval_tasksets:
             raise ValueError("explorer.eval_interval is set but explorer.eval_tasksets is empty; add a taskset "
                              "or remove eval_interval")
+        if explorer.eval_on_start and not explorer.eval_tasksets:
+            raise ValueError("explorer.eval_on_start is set but explorer.eval_tasksets is empty; add a taskset "
+                             "or remove eval_on_start")
         return self
 
     @property

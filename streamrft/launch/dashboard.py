@@ -59,7 +59,7 @@ def latest_evals(explorer: dict[int, dict[str, float]]) -> dict[str, tuple[int, 
         for name, value in explorer[step].items():
             if name.startswith("eval/") and "@" in name:
                 _, taskset, what = name.split("/", 2)
-                if found.get(taskset, (-1, {}))[0] != step:
+                if taskset not in found or found[taskset][0] != step:
                     found[taskset] = (step, {})
                 found[taskset][1][what] = value
     return found
@@ -74,7 +74,7 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     for column in ("step", "reward", "accuracy", "weights", "staleness", "ok/tasks", "s/step", "trainer loss",
                    "kl"):
         steps.add_column(column, justify="right")
-    for step in sorted(explorer)[-ROWS:]:
+    for step in [s for s in sorted(explorer) if s >= 0][-ROWS:]:  # (step -1: the base model's eval)
         row = explorer[step]
         train = trainer.get(step, {})  # trainer step t trains explorer step t's experiences
         steps.add_row(str(step), _fmt(row.get("rollout/reward_mean")), _fmt(row.get("rollout/accuracy")),
@@ -85,12 +85,14 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     side = Table.grid(padding=(0, 2))
     side.add_column(style="bold")
     side.add_column()
-    step_times = [explorer[step]["time/step_s"] for step in sorted(explorer) if "time/step_s" in explorer[step]]
+    # the pace is the time between finished steps: with several steps in flight a step's own time is longer
+    step_times = [explorer[step].get("time/step_interval_s", explorer[step]["time/step_s"])
+                  for step in sorted(explorer) if "time/step_s" in explorer[step]]
     side.add_row("progress", progress(len(step_times), total_steps, step_times[-5:]))
     if sync:
         side.add_row("sync", sync)
     for taskset, (step, values) in sorted(latest_evals(explorer).items()):
-        side.add_row(f"eval {taskset} (after step {step})",
+        side.add_row(f"eval {taskset} ({'base model' if step < 0 else f'after step {step}'})",
                      ", ".join(f"{k} {v:.3f}" for k, v in sorted(values.items())))
     side.add_row("samples/s (worker)", _fmt(follower.latest.get("rollout_worker/samples_per_s"), ".1f"))
     side.add_row("trainer step", _fmt(max(trainer) if trainer else None, ".0f") if trainer else "-")
@@ -106,16 +108,25 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
                  subtitle="Ctrl-C stops every role and leaves a resumable run")
 
 
-def sync_line(explorer) -> str:
-    """What paces the explorer, in a few words (``explorer`` is the run's ``explorer`` settings)."""
+def sync_line(explorer, state=None) -> str:
+    """What paces the explorer, in a few words (``explorer``: the run's ``explorer`` settings), and, given the
+    explorer's state record, the steps in flight and what the next one waits for."""
     if explorer.mode == "explore":
-        return f"explore mode: no trainer, {explorer.sync_style} not applied"
-    if explorer.sync_style == "fixed":
-        return f"fixed: sync every {explorer.sync_interval} step(s), offset {explorer.sync_offset}"
-    bound = f"at most {explorer.max_staleness} step(s) ahead of the weights"
-    if explorer.sync_style == "trainer_driven":
-        return f"trainer_driven: {bound} the trainer requested"
-    return f"fully_async: {bound}, one step in flight"
+        line = f"explore mode: no trainer, {explorer.sync_style} not applied"
+    elif explorer.sync_style == "fixed":
+        line = f"fixed: sync every {explorer.sync_interval} step(s), offset {explorer.sync_offset}"
+    else:
+        bound = f"at most {explorer.max_staleness} step(s) ahead of the weights"
+        line = (f"trainer_driven: {bound} the trainer requested" if explorer.sync_style == "trainer_driven"
+                else f"fully_async: {bound}")
+    line += f", up to {explorer.max_inflight_steps} step(s) in flight"
+    if state is None:
+        return line
+    flying = state.steps_in_flight
+    line += f"\nin flight: {', '.join(map(str, flying)) if flying else 'none'}"
+    if state.waiting:
+        line += f"; step {state.next_step} waits for {state.waiting}"
+    return line
 
 
 def group_lags(clients: KafkaClients) -> dict[str, int]:

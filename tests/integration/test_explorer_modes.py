@@ -193,3 +193,74 @@ def test_explore_mode_runs_without_a_trainer_in_every_sync_style(run_config, sty
     requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
     assert len(requests) == 8 and {r.min_model_version for r in requests} == {0}
     clients.close()
+
+
+def _eval_file(tmp_path, count: int):
+    path = tmp_path / "eval.jsonl"
+    path.write_text("".join(json.dumps({"question": f"What is {i} + 2?", "answer": i + 2}) + "\n"
+                            for i in range(count)))
+    return str(path)
+
+
+def test_eval_rounds_run_beside_training_and_eval_on_start_evaluates_the_base_model(run_config, tmp_path):
+    """Eval rounds do not block the explorer: the step after an eval round is published while the round is
+    still in flight. eval_on_start adds a round for the base model (metrics at step -1)."""
+    from streamrft.schemas import SyncKind, SyncSignal
+    from streamrft.validation import ExplorerState
+
+    config = run_config(
+        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "total_steps": 4, "eval_interval": 2,
+                  "eval_on_start": True, "metrics_port": None,
+                  "eval_tasksets": [{"name": "mini", "path": _eval_file(tmp_path, 4), "repeat_times": 4}]},
+        rollout={"engine": "fake", "fake_latency_s": 0.05, "metrics_port": None})
+    clients, state = _run(config, make_arithmetic_tasks(8, seed=12), timeout=90)
+    assert state.done and state.in_flight == []
+
+    signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
+    states = [ExplorerState.from_json(s.state) for s in signals if s.kind == SyncKind.EXPLORER_STATE]
+    beside = [s for s in states if any(e.get("eval") == "mini" and e["step"] >= 0 for e in s.in_flight)
+              and any(step > e["step"] for e in s.in_flight if "eval" in e for step in s.steps_in_flight)]
+    assert beside, "no training step was published while an eval round was in flight"
+    metrics = [m for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric)
+               if m.role == "explorer" and m.name == "eval/mini/mean@4"]
+    assert sorted(m.step for m in metrics) == [-1, 1, 3]  # the base model, then after steps 1 and 3
+    evals = [r for r in read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
+             if r.kind == RolloutKind.EVAL]
+    assert len(evals) == 3 * 4 and sum(r.request_id.startswith("eval-mini-base-") for r in evals) == 4
+    clients.close()
+
+
+def test_a_restarted_explorer_collects_the_steps_it_left_in_flight(run_config):
+    """max_inflight_steps 3: the explorer stops with several steps in flight; a new one collects their results
+    from where they begin on ``results`` and finishes every step once, rolling out no task twice."""
+    config = run_config(
+        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "total_steps": 6,
+                  "max_inflight_steps": 3, "metrics_port": None},
+        rollout={"engine": "fake", "fake_latency_s": 0.15, "requests_in_flight": 1, "metrics_port": None})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    tasks = make_arithmetic_tasks(12, seed=13)
+    produce_tasks(clients, config, tasks)
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    first = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    deadline = time.monotonic() + 60
+    while first.role is None or len(first.role.window) < 2 or first.role.state.finished_step < 0:
+        assert time.monotonic() < deadline and first.thread.is_alive(), "never two steps in flight"
+        time.sleep(0.05)
+    first.stop.request()
+    first.join(60)
+    left = first.result.steps_in_flight
+    assert len(left) >= 2 and not first.result.done
+    second = RoleThread("explorer-2", lambda stop: Explorer(config, clients, stop)).start()
+    wait_for(second, [worker], 90)
+    worker.stop.request()
+    worker.join(60)
+
+    assert second.result.done and second.result.next_step == 6
+    metrics = [m for m in read_all(config, clients.bootstrap, "metrics", clients.serde, Metric)
+               if m.role == "explorer"]
+    assert sorted(m.step for m in metrics if m.name == "time/step_s") == list(range(6))  # each finished once
+    assert all(m.value == 2 for m in metrics if m.name == "rollout/ok")  # the left steps' results were found
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
+    assert Counter(r.task.task_id for r in requests) == {t.task_id: 1 for t in tasks}
+    clients.close()

@@ -688,3 +688,54 @@ def test_trainer_driven_workers_move_only_to_the_versions_the_trainer_requests(r
                  if m.role == "trainer" and m.name == "trainer/staleness"]
     assert len(staleness) == steps and max(staleness) <= 2
     clients.close()
+
+
+def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(run_config, tiny_model_dir,
+                                                                               tmp_path):
+    """fully_async with max_inflight_steps 3 and max_staleness 2 against a live trainer: the explorer runs
+    ahead (its state record lists more than one step in flight), never publishes a step whose weights bound
+    is unmet, every step is finished once and in order, and no trained experience is staler than 2."""
+    from streamrft.consumers.explorer import Explorer
+    from streamrft.consumers.rollout import RolloutWorker
+    from streamrft.engines.tasks import make_arithmetic_tasks
+    from streamrft.schemas import RolloutRequest, RolloutResult
+    from streamrft.validation import ExplorerState
+
+    from .roles import produce_tasks
+
+    steps = 6
+    settings = _settings(tiny_model_dir, tmp_path / "ckpt",
+                         explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps,
+                                   "sync_style": "fully_async", "max_staleness": 2, "max_inflight_steps": 3},
+                         trainer={"total_steps": steps, "save_interval": 100})
+    settings["rollout"].update(engine="fake", fake_latency_s=0.05)
+    config = run_config(**settings)
+    clients = _clients(config)
+    produce_tasks(clients, config, make_arithmetic_tasks(steps * 2, seed=4))
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    trainer = trainer_thread(config, clients)
+    try:
+        wait_for(trainer, [worker, explorer], 240)
+        wait_for(explorer, [worker], 60)
+    finally:
+        worker.stop.request()
+        worker.join(60)
+
+    signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
+    states = [ExplorerState.from_json(s.state) for s in signals if s.kind == SyncKind.EXPLORER_STATE]
+    assert max(len(s.steps_in_flight) for s in states) > 1  # it ran ahead
+    assert all(len(s.steps_in_flight) <= 3 for s in states)
+    for state in states:  # in flight = the newest steps published, oldest first, none finished
+        assert state.steps_in_flight == list(range(state.finished_step + 1, state.next_step))
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest, idle=1)
+    assert sorted(r.step for r in requests) == sorted(s for s in range(steps) for _ in range(2))
+    assert all(r.min_model_version == max(0, r.step - 2) for r in requests)
+    results = read_all(config, clients.bootstrap, "results", clients.serde, RolloutResult, idle=1)
+    assert all(r.model_version >= max(0, r.step - 2) for r in results)
+    metrics = read_all(config, clients.bootstrap, "metrics", clients.serde, Metric, idle=1)
+    finished = [m.step for m in metrics if m.role == "explorer" and m.name == "time/step_s"]
+    assert finished == list(range(steps))  # each step finished once, in order
+    staleness = [m.value for m in metrics if m.role == "trainer" and m.name == "trainer/staleness"]
+    assert len(staleness) == steps and max(staleness) <= 2
+    clients.close()

@@ -53,3 +53,28 @@ def test_dashboard_shows_progress_with_an_eta_the_latest_eval_round_and_the_sync
     assert "trainer_driven: at most 2 step(s) ahead of the weights the trainer requested" in text
     assert progress(0, 10, []) == "0/10 steps" and progress(3, None, [5.0]) == "3 steps"
     assert progress(38, 40, [30.0, 90.0]) == "38/40 steps, ETA 2.0 min"
+
+
+def test_dashboard_says_which_steps_are_in_flight_and_what_the_next_one_waits_for():
+    from streamrft.config import load_config
+    from streamrft.launch.dashboard import sync_line
+    from streamrft.validation import ExplorerState
+
+    explorer = load_config(overrides={"explorer": {"sync_style": "fully_async", "max_staleness": 2,
+                                                   "max_inflight_steps": 3}}, env={}).explorer
+    state = ExplorerState(next_step=7, finished_step=3, waiting="weights v5 (has v4)",
+                          in_flight=[{"step": 4, "requests": []}, {"step": 5, "requests": []},
+                                     {"step": 3, "requests": [], "eval": "mini"}, {"step": 6, "requests": []}])
+    line = sync_line(explorer, state)
+    assert line.startswith("fully_async: at most 2 step(s) ahead of the weights, up to 3 step(s) in flight")
+    assert line.endswith("in flight: 4, 5, 6; step 7 waits for weights v5 (has v4)")
+    assert sync_line(explorer, ExplorerState(next_step=2, finished_step=1)).endswith("in flight: none")
+
+    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
+    follower.by_role["explorer"] = {  # 3 steps in flight: each takes 30 s, one finishes every 10 s
+        s: {"time/step_s": 30.0, "time/step_interval_s": 10.0} for s in range(4)}
+    follower.by_role["explorer"][-1] = {"eval/mini/mean@4": 0.125}
+    console = Console(record=True, width=160)
+    console.print(render(follower, {}, [], time.monotonic(), "demo", total_steps=10, sync=line))
+    text = console.export_text()
+    assert "ETA 1.0 min" in text and "eval mini (base model)" in text and "waits for weights v5" in text

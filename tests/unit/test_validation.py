@@ -94,9 +94,23 @@ def test_explorer_state_ignores_unknown_keys_and_refuses_bad_shapes():
     assert ExplorerState.from_json(json.dumps(data)) == state
     assert ExplorerState.from_json("") == ExplorerState()
     for text in ("{nope", "[1]", '{"next_step": "3"}', '{"pending": [{"task": {}}]}', '{"done": 1}',
-                 '{"awaiting": {"step": 1, "requests": [1]}}', '{"next_step": -4}'):
+                 '{"awaiting": {"step": 1, "requests": [1]}}', '{"next_step": -4}',
+                 '{"next_step": 2, "in_flight": [{"step": 1, "requests": "s1-a"}]}',
+                 '{"next_step": 2, "in_flight": [{"step": 9, "requests": []}]}',
+                 '{"next_step": 2, "in_flight": [{"step": 1, "requests": [], "eval": 3}]}', '{"waiting": 1}'):
         with pytest.raises(InvalidRecordError):
             ExplorerState.from_json(text)
+
+
+def test_explorer_state_lists_rounds_in_flight_and_reads_an_older_explorers_awaiting_step():
+    rounds = [{"step": 3, "requests": ["s3-a"], "results_offsets": {"0": 7}},
+              {"step": 2, "requests": ["eval-m-s2-x"], "results_offsets": {}, "eval": "m"},
+              {"step": 4, "requests": ["s4-a"], "results_offsets": {"0": 9}}]
+    state = ExplorerState(next_step=5, finished_step=2, in_flight=rounds, waiting="weights v3 (has v2)")
+    assert ExplorerState.from_json(state.to_json()) == state and state.steps_in_flight == [3, 4]
+    older = '{"next_step": 4, "finished_step": 2, "awaiting": {"step": 3, "requests": ["s3-a"]}}'
+    assert ExplorerState.from_json(older).in_flight == [{"step": 3, "requests": ["s3-a"]}]
+    assert ExplorerState.from_json('{"next_step": 4, "awaiting": null}').in_flight == []
 
 
 def test_sync_signals_are_checked_against_the_run_transport():
