@@ -9,8 +9,12 @@ refused (404 / 409), never written twice. Pending experiences expire after ``ser
 
 GRPO needs groups (``serve.grouping``): ``request`` — the ``n`` choices of one request (ask for n > 1 and reward
 each); ``count`` — every ``group_size`` rewarded responses in arrival order; ``client`` — the ``group_id`` and
-``group_size`` the feedback names. A group's experiences share a ``group_id``; the trainer waits until it is
-complete (or drops it after ``trainer.group_timeout_s``).
+``group_size`` the feedback names; ``conversation`` — the rewarded responses of one conversation (the requests
+name it: ``conversation_id`` in the request body), held until the feedback that says ``end_conversation`` and
+then written together, so the group's size is the conversation's (advantages compare its turns with each
+other). A group's experiences share a ``group_id``; the trainer waits until it is complete (or drops it after
+``trainer.group_timeout_s``). Open conversations expire like pending completions, after
+``serve.pending_ttl_s`` without feedback (counted).
 
 Weights: a background thread follows ``sync`` and swaps the engine to each new version through the same
 ``WeightFollower`` as a rollout worker (verified, refusals counted); generation and swaps take one lock, so a
@@ -57,6 +61,7 @@ class Pending:
     choice: int
     choices: int
     created: float
+    conversation: str | None = None
 
 
 class PendingExperiences:
@@ -72,12 +77,13 @@ class PendingExperiences:
         self.evicted = 0
         self._lock = threading.Lock()
 
-    def add(self, request_id: str, completions: list[Completion]) -> None:
+    def add(self, request_id: str, completions: list[Completion], conversation: str | None = None) -> None:
         now = self.clock()
         with self._lock:
             self._expire(now)
             for i, completion in enumerate(completions):
-                self._items[(request_id, i)] = Pending(completion, request_id, i, len(completions), now)
+                self._items[(request_id, i)] = Pending(completion, request_id, i, len(completions), now,
+                                                       conversation)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
                 self.evicted += 1
@@ -145,6 +151,49 @@ class Grouping:
             return group_id, group_size, index
 
 
+class Conversations:
+    """``serve.grouping: conversation``: the rewarded responses of each open conversation, until it ends (then
+    they are written as one group) or expires (``ttl_s`` after its latest feedback)."""
+
+    def __init__(self, ttl_s: float, clock=time.monotonic) -> None:
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._open: OrderedDict[str, tuple[float, list[tuple[Pending, float]]]] = OrderedDict()
+        self.expired = 0  # responses of conversations that never ended
+        self._lock = threading.Lock()
+
+    def add(self, pending: Pending, reward: float) -> int:
+        """Hold a rewarded response; returns how many its conversation holds now."""
+        with self._lock:
+            self._expire()
+            _, held = self._open.pop(pending.conversation, (0.0, []))
+            held.append((pending, reward))
+            self._open[pending.conversation] = (self.clock(), held)
+            return len(held)
+
+    def end(self, conversation: str) -> list[tuple[Pending, float]]:
+        with self._lock:
+            _, held = self._open.pop(conversation, (0.0, []))
+            return held
+
+    def give_back(self, conversation: str, held: list[tuple[Pending, float]]) -> None:
+        """An ended conversation whose experiences could not be written: it stays open, to be ended again."""
+        with self._lock:
+            self._open[conversation] = (self.clock(), held)
+
+    def _expire(self) -> None:
+        now = self.clock()
+        while self._open:
+            conversation, (last, held) = next(iter(self._open.items()))
+            if now - last < self.ttl_s:
+                break
+            del self._open[conversation]
+            self.expired += len(held)
+
+    def __len__(self) -> int:
+        return sum(len(held) for _, held in self._open.values())
+
+
 class ServeRole:
     """The Kafka and engine side of ``streamrft serve``; the HTTP side is ``serve_api.create_app``."""
 
@@ -165,6 +214,7 @@ class ServeRole:
         self.runtime.on_close("weight follower", self.weights.close)
         self.pending = PendingExperiences(self.settings.pending_ttl_s, self.settings.max_pending)
         self.grouping = Grouping(self.settings.grouping, self.settings.group_size, self.server_id)
+        self.conversations = Conversations(self.settings.pending_ttl_s)
         self.sampling = config.rollout.sampling
         self._engine_lock = threading.Lock()  # one generation or one swap at a time
         self._produce_lock = threading.Lock()  # the transactional producer is one transaction at a time
@@ -179,6 +229,10 @@ class ServeRole:
             lambda: len(self.pending))
         Gauge("streamrft_serve_pending_expired", "completions dropped without feedback (expired or evicted)",
               registry=registry).set_function(lambda: self.pending.expired + self.pending.evicted)
+        Gauge("streamrft_serve_conversation_responses", "rewarded responses held until their conversation ends",
+              registry=registry).set_function(lambda: len(self.conversations))
+        Gauge("streamrft_serve_conversations_expired", "rewarded responses of conversations that never ended",
+              registry=registry).set_function(lambda: self.conversations.expired)
 
     @property
     def version(self) -> int:
@@ -221,25 +275,35 @@ class ServeRole:
                               top_p=self.sampling.top_p if top_p is None else top_p, top_k=self.sampling.top_k,
                               max_tokens=tokens, seed=seed, stop=tuple(stop or ()))
 
-    def complete(self, endpoint: str, prompt: Prompt, params: SamplingParams, n: int) -> tuple[str, list[Completion]]:
+    def complete(self, endpoint: str, prompt: Prompt, params: SamplingParams, n: int,
+                 conversation: str | None = None) -> tuple[str, list[Completion]]:
         """Generate ``n`` choices; returns the response id under which they wait for feedback."""
         self.c_requests.labels(endpoint).inc()
         with self._engine_lock:
             completions = self.engine.generate_one(prompt, params, n=n)
         request_id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        self.pending.add(request_id, completions)
+        self.pending.add(request_id, completions, conversation)
         self.c_tokens.inc(sum(len(c.response_ids) for c in completions))
         return request_id, completions
 
     # -- feedback ------------------------------------------------------------------------------------------------
     def feedback(self, response_id: str, choice: int, reward: float, *, group_id: str | None = None,
-                 group_size: int | None = None) -> Experience:
-        """Write the rewarded response as an Experience (one transaction); FeedbackError when it cannot be."""
+                 group_size: int | None = None, end_conversation: bool = False) -> list[Experience]:
+        """Write the rewarded response as an Experience (one transaction) and return what was written: under
+        ``conversation`` grouping nothing until the conversation ends, then all of its responses. FeedbackError
+        when it cannot be used; nothing is lost then (the response may get its feedback again)."""
+        conversational = self.settings.grouping == "conversation"
+        if end_conversation and not conversational:
+            self.c_feedback.labels("refused").inc()
+            raise FeedbackError(422, "end_conversation needs serve.grouping: conversation (this server groups by "
+                                     f"{self.settings.grouping})")
         try:
             pending = self.pending.take(response_id, choice)
-        except FeedbackError as exc:
+        except FeedbackError:
             self.c_feedback.labels("refused").inc()
-            raise exc
+            raise
+        if conversational:
+            return self._converse(pending, reward, end_conversation)
         try:
             group, size, index = self.grouping.assign(pending, group_id, group_size)
         except FeedbackError:
@@ -247,16 +311,39 @@ class ServeRole:
             self.c_feedback.labels("refused").inc()
             raise
         experience = self._experience(pending, reward, group, size, index)
+        self._write([experience], f"the feedback on {response_id}", undo=lambda: self.pending.give_back(pending))
+        return [experience]
+
+    def _converse(self, pending: Pending, reward: float, end: bool) -> list[Experience]:
+        if not pending.conversation:
+            self.pending.give_back(pending)
+            self.c_feedback.labels("refused").inc()
+            raise FeedbackError(422, "serve.grouping is conversation: the request must name its conversation "
+                                     "(conversation_id in the request body)")
+        self.conversations.add(pending, reward)
+        self.c_feedback.labels("held").inc()
+        if not end:
+            return []
+        held = self.conversations.end(pending.conversation)
+        group = f"{self.server_id}-{pending.conversation}"
+        experiences = [self._experience(p, r, group, len(held), i) for i, (p, r) in enumerate(held)]
+        def undo() -> None:  # the conversation stays open and this feedback may be sent again
+            self.conversations.give_back(pending.conversation, held[:-1])
+            self.pending.give_back(pending)
+
+        self._write(experiences, f"conversation {pending.conversation}", undo)
+        return experiences
+
+    def _write(self, experiences: list[Experience], what: str, undo) -> None:
         try:
             with self._produce_lock:
-                self.runtime.transaction(lambda p: p.produce(self.config.topic("experiences"), experience),
-                                         f"the feedback on {response_id}")
+                self.runtime.transaction(
+                    lambda p: [p.produce(self.config.topic("experiences"), e) for e in experiences], what)
         except Exception as exc:
-            self.pending.give_back(pending)
+            undo()
             self.c_feedback.labels("failed").inc()
             raise FeedbackError(503, f"could not write the experience ({exc}); send the feedback again") from exc
-        self.c_feedback.labels("written").inc()
-        return experience
+        self.c_feedback.labels("written").inc(len(experiences))
 
     def _experience(self, pending: Pending, reward: float, group: str, size: int, index: int) -> Experience:
         c = pending.completion

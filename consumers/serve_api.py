@@ -33,6 +33,9 @@ class _Request(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
     n: int = Field(default=1, ge=1, le=64)
+    # serve.grouping conversation: which conversation the request belongs to (the openai client sends it with
+    # extra_body={"conversation_id": ...})
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
     stream: bool = False
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -64,6 +67,7 @@ class Feedback(BaseModel):
     reward: float
     group_id: str | None = None
     group_size: int | None = Field(default=None, ge=1)
+    end_conversation: bool = False  # serve.grouping conversation: write the conversation's responses now
 
 
 def _finish(completion: Completion) -> str:
@@ -131,7 +135,8 @@ def create_app(role: ServeRole) -> FastAPI:
                              max_tokens=request.max_completion_tokens or request.max_tokens, seed=request.seed,
                              stop=request.stops())
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        response_id, completions = role.complete("chat", messages, params, request.n)
+        response_id, completions = role.complete("chat", messages, params, request.n,
+                                                  request.conversation_id)
         created, fingerprint = int(time.time()), f"v{completions[0].model_version}"
         head = {"id": response_id, "created": created, "model": role.model_name, "system_fingerprint": fingerprint}
 
@@ -169,7 +174,8 @@ def create_app(role: ServeRole) -> FastAPI:
         prompt = request.prompt if isinstance(request.prompt, list) else role.engine.encode(request.prompt)
         if not prompt:
             raise HTTPException(422, detail={"message": "the prompt is empty", "type": "invalid_request_error"})
-        response_id, done = role.complete("completions", prompt, params, request.n)
+        response_id, done = role.complete("completions", prompt, params, request.n,
+                                               request.conversation_id)
         head = {"id": response_id, "created": int(time.time()), "model": role.model_name,
                 "system_fingerprint": f"v{done[0].model_version}"}
 
@@ -197,10 +203,13 @@ def create_app(role: ServeRole) -> FastAPI:
     @app.post("/feedback", dependencies=[Depends(authorized)])
     def feedback(body: Feedback) -> dict[str, Any]:
         try:
-            experience = role.feedback(body.response_id, body.choice, body.reward, group_id=body.group_id,
-                                       group_size=body.group_size)
+            written = role.feedback(body.response_id, body.choice, body.reward, group_id=body.group_id,
+                                    group_size=body.group_size, end_conversation=body.end_conversation)
         except FeedbackError as exc:
             raise HTTPException(exc.status, detail={"message": str(exc), "type": "invalid_request_error"})
+        if role.settings.grouping == "conversation":  # held until the conversation ends, then written whole
+            return {"written": [e.eid for e in written], "group_size": len(written)}
+        experience = written[0]
         return {"eid": experience.eid, "group_id": experience.group_id, "group_size": experience.group_size,
                 "run_index": experience.run_index, "model_version": experience.model_version}
 

@@ -246,11 +246,12 @@ class ServeConfig(Section):
     api_key: SecretStr | None = Field(default=None, description="required as 'Authorization: Bearer <key>' when "
                                                                 "set (STREAMRFT_SERVE__API_KEY)")
     model_name: str = Field(default="", description="the model id clients name; empty = the run's name")
-    grouping: Literal["request", "count", "client"] = Field(
+    grouping: Literal["request", "count", "client", "conversation"] = Field(
         default="request",
         description="GRPO groups of the experiences: request = the n choices of one request; count = every "
                     "group_size responses that get feedback; client = the group_id and group_size the feedback "
-                    "names")
+                    "names; conversation = the rewarded responses of one conversation (conversation_id in the "
+                    "requests), written when a feedback says end_conversation")
     group_size: int = Field(default=4, ge=1, description="grouping: count")
     pending_ttl_s: float = Field(default=900.0, gt=0,
                                  description="a completion without feedback after this long is dropped (counted)")

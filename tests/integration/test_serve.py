@@ -3,6 +3,7 @@
 trainer that trains on them, and the server swapping to the weights it publishes."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -25,15 +26,22 @@ KEY = "sk-streamrft-test"
 QUESTION = [{"role": "user", "content": "What is 3 + 4?"}]
 
 
-@pytest.fixture
-def served(run_config, tiny_model_dir, tmp_path):
-    config = run_config(
-        model={"path": str(tiny_model_dir)},
-        explorer={"batch_size": 1, "repeat_times": 4, "metrics_port": None},
-        rollout={"sampling": {"max_tokens": 6, "temperature": 1.0}, "metrics_port": None},
-        trainer={"checkpoint_dir": str(tmp_path / "ckpt"), "metrics_port": None, "device": "cpu", "lr": 1e-2,
-                 "micro_batch_size": 8, "total_steps": 1},
-        serve={"api_key": KEY, "port": 0, "model_name": "tiny", "sync_poll_s": 0.2})
+def serve_config(run_config, tiny_model_dir, tmp_path, *, serve: dict | None = None, **sections):
+    settings = {
+        "model": {"path": str(tiny_model_dir)},
+        "explorer": {"batch_size": 1, "repeat_times": 4, "metrics_port": None},
+        "rollout": {"sampling": {"max_tokens": 6, "temperature": 1.0}, "metrics_port": None},
+        "trainer": {"checkpoint_dir": str(tmp_path / "ckpt"), "metrics_port": None, "device": "cpu", "lr": 1e-2,
+                    "micro_batch_size": 8, "total_steps": 1},
+        "serve": {"api_key": KEY, "port": 0, "model_name": "tiny", "sync_poll_s": 0.2, **(serve or {})}}
+    for section, values in sections.items():
+        settings[section] = {**settings[section], **values}
+    return run_config(**settings)
+
+
+@contextlib.contextmanager
+def serving(config):
+    """`streamrft serve`'s role and HTTP server in this process; yields (clients, role, base url, openai client)."""
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
     role = ServeRole(config, clients, StopSignal(signals=())).start()
@@ -46,11 +54,20 @@ def served(run_config, tiny_model_dir, tmp_path):
         time.sleep(0.05)
     port = server.servers[0].sockets[0].getsockname()[1]
     base = f"http://127.0.0.1:{port}"
-    yield config, clients, role, base, openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
-    server.should_exit = True
-    thread.join(10)
-    role.close()
-    clients.close()
+    try:
+        yield clients, role, base, openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        role.close()
+        clients.close()
+
+
+@pytest.fixture
+def served(run_config, tiny_model_dir, tmp_path):
+    config = serve_config(run_config, tiny_model_dir, tmp_path)
+    with serving(config) as (clients, role, base, client):
+        yield config, clients, role, base, client
 
 
 def feedback(base: str, **body) -> httpx.Response:
@@ -165,3 +182,69 @@ def test_rollout_engine_openai_rolls_out_through_the_served_endpoint(served, run
     experiences = read_all(remote, clients.bootstrap, "experiences", clients.serde, Experience, idle=1)
     assert sorted(e.eid for e in experiences) == ["r0/0", "r0/1"]
     clients.close()
+
+
+def test_conversation_grouping_writes_a_conversations_rewarded_turns_as_one_group(run_config, tiny_model_dir,
+                                                                                  tmp_path):
+    """serve.grouping conversation: three turns of one conversation (named in the request body through the
+    openai client's extra_body) are held until the feedback that ends it, then written as one group of 3; a
+    turn of another conversation stays held; a response without a conversation is refused and can be rewarded
+    again later."""
+    config = serve_config(run_config, tiny_model_dir, tmp_path, serve={"grouping": "conversation"})
+    with serving(config) as (clients, role, base, client):
+        history = list(QUESTION)
+        turns = []
+        for _ in range(3):
+            answer = client.chat.completions.create(model="tiny", messages=history, max_tokens=4,
+                                                    extra_body={"conversation_id": "conv-7"})
+            turns.append(answer)
+            history += [{"role": "assistant", "content": answer.choices[0].message.content},
+                        {"role": "user", "content": "And plus 1?"}]
+        elsewhere = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4,
+                                                   extra_body={"conversation_id": "conv-8"})
+        unnamed = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4)
+        refused = feedback(base, response_id=unnamed.id, reward=1.0)
+        assert refused.status_code == 422 and "conversation_id" in refused.text
+        assert feedback(base, response_id=turns[0].id, reward=0.0).json() == {"written": [], "group_size": 0}
+        assert feedback(base, response_id=elsewhere.id, reward=1.0).json()["written"] == []
+        assert feedback(base, response_id=turns[1].id, reward=0.5).json()["written"] == []
+        assert read_all(config, clients.bootstrap, "experiences", clients.serde, Experience, idle=0.5) == []
+        ended = feedback(base, response_id=turns[2].id, reward=1.0, end_conversation=True).json()
+        assert ended == {"written": [f"{t.id}/0" for t in turns], "group_size": 3}
+        experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience, idle=1)
+        assert [(e.eid, e.reward, e.run_index, e.group_size) for e in experiences] == [
+            (f"{turns[0].id}/0", 0.0, 0, 3), (f"{turns[1].id}/0", 0.5, 1, 3), (f"{turns[2].id}/0", 1.0, 2, 3)]
+        assert len({e.group_id for e in experiences}) == 1 and "conv-7" in experiences[0].group_id
+        assert len(role.conversations) == 1  # conv-8's turn, still open
+        assert feedback(base, response_id=turns[0].id, reward=1.0).status_code == 409  # never twice
+
+
+def test_online_feedback_raises_the_reward_of_the_served_answers(run_config, tiny_model_dir, tmp_path):
+    """Online learning through serve mode alone: an application asks for 16 answers, rewards those that start
+    with a digit (~10 % for the random tiny model), and waits for the trainer's next version; 20 rounds of
+    that raise the reward of what the server answers (seeded samples, so a failure reproduces)."""
+    rounds, n = 20, 16
+    config = serve_config(run_config, tiny_model_dir, tmp_path,
+                          explorer={"repeat_times": n},
+                          trainer={"total_steps": rounds, "save_interval": 1000, "micro_batch_size": 16,
+                                   "algorithm": {"clip_high": 0.28}})
+    with serving(config) as (clients, role, base, client):
+        trainer = trainer_thread(config, clients)
+        rewards = []
+        for version in range(rounds):
+            answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content":
+                                                                             "Say a number."}], n=n, max_tokens=3,
+                                                    seed=version)
+            assert answer.system_fingerprint == f"v{version}"  # on-policy: each round on the newest weights
+            scores = [1.0 if c.message.content[:1].isdigit() else 0.0 for c in answer.choices]
+            rewards.append(sum(scores) / n)
+            for i, score in enumerate(scores):
+                assert feedback(base, response_id=answer.id, choice=i, reward=score).status_code == 200
+            deadline = time.monotonic() + 60
+            while version + 1 < rounds and httpx.get(f"{base}/health").json()["model_version"] != version + 1:
+                assert time.monotonic() < deadline and trainer.error is None, f"no v{version + 1}"
+                time.sleep(0.1)
+        trainer.join(60)
+    first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
+    print(f"\nserved reward first 4 rounds {first:.3f} -> last 4 rounds {last:.3f}: {rewards}")
+    assert last > first + 0.3, rewards

@@ -60,3 +60,23 @@ def test_groupings_name_the_group_its_size_and_the_run_index():
     with pytest.raises(FeedbackError) as unnamed:
         client.assign(third, None, None)
     assert unnamed.value.status == 422
+
+
+def test_conversations_hold_rewarded_responses_until_they_end_and_expire_when_they_never_do():
+    from streamrft.consumers.serve import Conversations, Pending
+
+    clock = Clock()
+    conversations = Conversations(ttl_s=10, clock=clock)
+    turns = [Pending(c, f"r{i}", 0, 1, clock.now, conversation="c1") for i, c in enumerate(completions(3))]
+    assert [conversations.add(p, float(i)) for i, p in enumerate(turns[:2])] == [1, 2]
+    other = Pending(completions(1)[0], "x", 0, 1, clock.now, conversation="c2")
+    conversations.add(other, 1.0)
+    assert len(conversations) == 3
+    clock.now += 8
+    conversations.add(turns[2], 2.0)  # feedback keeps c1 open
+    held = conversations.end("c1")
+    assert [(p.request_id, r) for p, r in held] == [("r0", 0.0), ("r1", 1.0), ("r2", 2.0)]
+    assert conversations.end("c1") == []  # ended once
+    clock.now += 3  # c2: 11 s without feedback
+    conversations.add(Pending(completions(1)[0], "y", 0, 1, clock.now, conversation="c3"), 0.0)
+    assert conversations.expired == 1 and conversations.end("c2") == []
