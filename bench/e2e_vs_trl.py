@@ -13,7 +13,11 @@ no checkpoints inside the budget on either side.
   per optimizer step (``steps_per_generation = gradient_accumulation_steps``); a TrainerCallback stops it at
   the first step end past the budget.
 - streamrft: ``streamrft run`` on a copy of the demo config (unique run name, everything under a temp dir,
-  ``--no-dashboard``), SIGINT at the budget; metrics from the monitor's steps.csv / metrics.csv.
+  ``--no-dashboard``), SIGINT at the budget; metrics from the monitor's steps.csv / metrics.csv. The demo's
+  pacing is ``fixed`` with ``sync_offset`` 1 (rollout of step s+1 overlaps training of step s).
+- streamrft-async: the same, but ``fully_async`` with ``max_staleness`` 2 and ``max_inflight_steps`` 2, and the
+  decoupled PPO objective (``policy_loss: decoupled_ppo``, which recomputes the proximal logprobs: one more
+  forward pass per step). The staleness of what its trainer trained is reported.
 
 Each side runs in its own subprocess, one after the other; the clock of each starts when its process is
 launched (imports, broker start, model loads are inside the budget for both). Only what finished inside the
@@ -28,7 +32,7 @@ Needs TRL: .venv/bin/pip install trl datasets
 
 Usage: python bench/e2e_vs_trl.py [--budget-s 600] [--batch-size 8] [--repeat 8] [--max-tokens 32] [--lr 1e-5]
                                   [--temperature 1.0] [--micro-batch 16] [--last-n 5]
-                                  [--sides trl,streamrft,streamrft-bf16]
+                                  [--sides trl,streamrft,streamrft-async,streamrft-bf16]
                                   [--workdir DIR] [--keep]
 """
 from __future__ import annotations
@@ -142,6 +146,7 @@ class SideResult:
     name: str
     batches: list[Batch] = field(default_factory=list)
     optimizer_steps: int = 0
+    staleness: dict[int, int] = field(default_factory=dict)  # trained experiences by staleness (streamrft)
     error: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -301,11 +306,16 @@ def run_trl(setup: Setup, workdir: Path) -> SideResult:
 # ---------------------------------------------------------------------------------------------------------------
 # streamrft (`streamrft run` in a child process)
 # ---------------------------------------------------------------------------------------------------------------
-def streamrft_config(setup: Setup, demo: dict, side_dir: Path, bf16: bool = False) -> dict:
+STREAMRFT_SIDES = ("streamrft", "streamrft-async", "streamrft-bf16")
+
+
+def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "streamrft") -> dict:
     """The demo config with the shared settings, a unique name, all output under ``side_dir``, no eval, no
     checkpoints inside the budget, no fixed metrics ports, and enough epochs that the budget is what stops it.
-    ``bf16``: rollout engine in bfloat16 and the trainer's forward/backward under bf16 autocast (fp32 master
-    weights and optimizer) instead of fp32 everywhere."""
+    ``streamrft-bf16``: rollout engine in bfloat16 and the trainer's forward/backward under bf16 autocast (fp32
+    master weights and optimizer) instead of fp32 everywhere. ``streamrft-async``: fully_async pacing with a
+    window of 2 steps and staleness up to 2, trained with decoupled PPO."""
+    bf16 = side == "streamrft-bf16"
     config = json.loads(json.dumps(demo))  # deep copy
     config["name"] = f"e2e-vs-trl-{uuid.uuid4().hex[:8]}"
     config["model"]["path"] = setup.model_path
@@ -322,6 +332,10 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, bf16: bool = Fals
                              max_grad_norm=setup.max_grad_norm, save_interval=10 ** 9,
                              checkpoint_dir=str(side_dir / "checkpoints"), metrics_port=None)
     config["trainer"].setdefault("algorithm", {}).update(clip_low=setup.clip_low, clip_high=setup.clip_high)
+    if side == "streamrft-async":
+        config["explorer"].update(sync_style="fully_async", max_staleness=2, max_inflight_steps=2)
+        config["explorer"].pop("sync_offset", None)
+        config["trainer"]["algorithm"].update(policy_loss="decoupled_ppo", recompute_old_logprobs=True)
     config["monitor"] = {**config.get("monitor", {}), "output_dir": str(side_dir / "run"), "tensorboard": False,
                          "metrics_port": None}
     config["launch"] = {**config.get("launch", {}), "task_files": [{"path": setup.task_file}],
@@ -329,12 +343,12 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, bf16: bool = Fals
     return config
 
 
-def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False, bf16: bool = False) -> SideResult:
-    name = "streamrft-bf16" if bf16 else "streamrft"
-    result = SideResult(name)
-    side_dir = workdir / name
+def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False,
+                  side: str = "streamrft") -> SideResult:
+    result = SideResult(side)
+    side_dir = workdir / side
     side_dir.mkdir(parents=True, exist_ok=True)
-    config = streamrft_config(setup, demo, side_dir, bf16)
+    config = streamrft_config(setup, demo, side_dir, side)
     config_path, log_path = side_dir / "config.yaml", side_dir / "run.log"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRFT_")}  # the config file rules
@@ -368,7 +382,21 @@ def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False, b
             result.batches.append(Batch(when / 1000 - t0, n, float(row["rollout/accuracy"])))
     result.optimizer_steps = sum(1 for (role, name, _), when in created.items()
                                  if role == "trainer" and name == "actor/loss" and when <= deadline_ms)
+    result.staleness = _staleness(run_dir / "metrics.csv", deadline_ms, setup.completions_per_step)
     return result
+
+
+def _staleness(path: Path, deadline_ms: float, per_step: int) -> dict[int, int]:
+    """Trained experiences by staleness (trainer step − the version that sampled them), from each trainer
+    step's ``trainer/staleness`` (its batch's mean, so rounded: a step's experiences share one lag here)."""
+    counts: dict[int, int] = {}
+    if path.exists():
+        with path.open(newline="") as f:
+            for r in csv.DictReader(f):
+                if r["role"] == "trainer" and r["name"] == "trainer/staleness" and float(r["created_at"]) <= deadline_ms:
+                    lag = round(float(r["value"]))
+                    counts[lag] = counts.get(lag, 0) + per_step
+    return dict(sorted(counts.items()))
 
 
 def _metric_times(path: Path) -> dict[tuple[str, str, int], float]:
@@ -439,6 +467,8 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
         ("first batch scored at (s)", [fmt(r.batches[0].t if r.batches else float("nan"), ".0f") for r in results]),
         (f"accuracy, first {first_n} batches", [fmt(r.accuracy(slice(0, first_n)), ".3f") for r in results]),
         (f"accuracy, last {last_n} batches", [fmt(r.accuracy(slice(-last_n, None)), ".3f") for r in results]),
+        ("trained by staleness (lag: experiences)",
+         [", ".join(f"{lag}: {n}" for lag, n in r.staleness.items()) or "-" for r in results]),
     ]
     for label, cells in rows:
         table.add_row(label, *cells)
@@ -452,6 +482,7 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
             console.print(f"[red]{r.name} failed:[/] {r.error}")
     by_name = {r.name: r for r in results}
     labels = {"streamrft": "goal (same fp32 precision as TRL)",
+              "streamrft-async": "goal (same fp32 precision as TRL; fully_async window)",
               "streamrft-bf16": "for information (bf16 engines vs TRL's fp32: not the goal's comparison)"}
     for side, label in labels.items():
         if not {"TRL", side} <= by_name.keys() or by_name["TRL"].error or by_name[side].error:
@@ -461,7 +492,8 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
                   (f"last-{last_n} accuracy", ours.accuracy(slice(-last_n, None)),
                    theirs.accuracy(slice(-last_n, None)))]
         verdicts = [f"{name} {'PASS' if a >= b else 'FAIL'} ({a:.3f} vs {b:.3f})" for name, a, b in checks]
-        console.print(f"{label}: {side} >= TRL on samples/s and on last-{last_n} accuracy: " + "; ".join(verdicts))
+        console.print(f"{label}: {side} >= TRL on samples/s and on last-{last_n} accuracy: " + "; ".join(verdicts)
+                      + f"; samples/s ratio {checks[0][1] / checks[0][2]:.2f}x (goal 1.5x)")
     if "TRL" in by_name and any(side in by_name for side in labels):
         n = setup.completions_per_step * last_n
         console.print(f"  (last-{last_n} accuracy is over ~{n} samples per side: its standard error is about "
@@ -469,6 +501,7 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
     summary = {"setup": asdict(setup), "results": [
         {"name": r.name, "optimizer_steps": r.optimizer_steps, "completions": r.completions,
          "samples_per_s": r.rate(setup.budget_s), "steady_samples_per_s": r.steady_rate(),
+         "staleness": r.staleness,
          "batches": [asdict(b) for b in r.batches], "error": r.error, "notes": r.notes} for r in results]}
     (workdir / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(f"details: {workdir}")
@@ -486,9 +519,9 @@ def main() -> int:
                         help="sequences per forward/backward (default: the demo's trainer.micro_batch_size)")
     parser.add_argument("--last-n", type=int, default=5, help="batches in the final accuracy")
     parser.add_argument("--sides", default="trl,streamrft",
-                        help="comma-separated, run in this order: trl, streamrft (fp32 like TRL), streamrft-bf16 "
-                             "(bf16 rollout engine + bf16 autocast in the trainer; shown, never judged against "
-                             "TRL's fp32)")
+                        help="comma-separated, run in this order: trl, streamrft (fp32 like TRL, fixed pacing), "
+                             "streamrft-async (fully_async window + decoupled PPO), streamrft-bf16 (bf16 rollout "
+                             "engine + bf16 autocast in the trainer; shown, never judged against TRL's fp32)")
     parser.add_argument("--workdir", default=None, help="where logs and runs go (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true",
                         help="keep streamrft's published weights, checkpoints and broker data (GBs)")
@@ -502,16 +535,16 @@ def main() -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="e2e_vs_trl-"))
     workdir.mkdir(parents=True, exist_ok=True)
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
-    unknown = set(sides) - {"trl", "streamrft", "streamrft-bf16"}
+    unknown = set(sides) - {"trl", *STREAMRFT_SIDES}
     if unknown:
-        parser.error(f"unknown side(s) {', '.join(sorted(unknown))}; use trl, streamrft, streamrft-bf16")
+        parser.error(f"unknown side(s) {', '.join(sorted(unknown))}; use trl, {', '.join(STREAMRFT_SIDES)}")
     results = []
     for side in sides:
         with console.status(f"{side} for {setup.budget_s:.0f} s"):
             if side == "trl":
                 results.append(run_trl(setup, workdir))
             else:
-                results.append(run_streamrft(setup, demo, workdir, args.keep, bf16=side == "streamrft-bf16"))
+                results.append(run_streamrft(setup, demo, workdir, args.keep, side))
     report(setup, results, args.last_n, workdir)
     return 1 if any(r.error for r in results) else 0
 
