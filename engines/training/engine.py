@@ -202,8 +202,7 @@ class TrainingEngine:
                     model, mb.batch, temperature=self.settings.temperature, autocast_dtype=self.autocast_dtype
                 )
                 if not mb.padding:
-                    first = mb.start - rows.start
-                    out[first : first + len(mb.batch), : logp.shape[1]] = logp
+                    out[[row - rows.start for row in mb.rows], : logp.shape[1]] = logp
         finally:
             model.train(was_training)
         return self.parallel.gather_rows(out, len(batch)) * batch.response_mask

@@ -46,10 +46,10 @@ SHARDED_DIR = "engine"  # FSDP checkpoints: a torch.distributed.checkpoint direc
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """A micro-batch of this rank's rows; ``start`` is the row of ``batch`` it begins at. A padding micro-batch
-    (``padding=True``) trains nothing and only keeps the ranks' collectives in step."""
+    """A micro-batch of this rank's rows; ``rows`` are the rows of ``batch`` it holds, in its order. A padding
+    micro-batch (``padding=True``, no rows) trains nothing and only keeps the ranks' collectives in step."""
 
-    start: int
+    rows: list[int]
     batch: Batch
     padding: bool = False
 
@@ -77,16 +77,23 @@ class SingleProcess:
         return range(min(n, self.rank * share), min(n, (self.rank + 1) * share))
 
     def micro_batches(self, batch: Batch, size: int) -> Iterator[MicroBatch]:
-        """This rank's rows of ``batch`` in micro-batches of ``size``, the same number on every rank."""
+        """This rank's rows of ``batch`` in micro-batches of ``size``, the same number on every rank.
+
+        Rows go shortest first, so that each micro-batch, trimmed to its own longest prompt and response
+        (``Batch.select``), carries little padding: sampled responses vary in length, and a forward/backward
+        costs its padded columns too. The loss of every micro-batch is normalised by the whole step's counts, so
+        the order changes nothing but the order of float sums.
+        """
         rows = self.rows(len(batch))
+        lengths = (batch.prompt_lengths + batch.response_lengths)[rows.start:rows.stop]
+        order = [rows.start + i for i in torch.argsort(lengths.cpu(), stable=True).tolist()]
         count = math.ceil(math.ceil(len(batch) / self.world_size) / size)
         for k in range(count):
-            start = rows.start + k * size
-            stop = min(start + size, rows.stop)
-            if start < stop:
-                yield MicroBatch(start, batch.select(slice(start, stop)))
+            chosen = order[k * size:(k + 1) * size]
+            if chosen:
+                yield MicroBatch(chosen, batch.select(chosen))
             else:
-                yield MicroBatch(start, _padding_row(batch), padding=True)
+                yield MicroBatch([], _padding_row(batch), padding=True)
 
     def gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
         """``local`` holds this rank's rows (``len(self.rows(n))`` of them): the ``[n, ...]`` tensor of all."""

@@ -162,6 +162,12 @@ def test_sigkill_of_one_worker_loses_and_duplicates_nothing(run_config, tiny_mod
     path = write_config(config, tmp_path / "run.yaml")
     workers = {name: role_process(["rollout", "--worker-id", name], path, tmp_path / f"{name}.log")
                for name in ("victim", "survivor")}
+    # both in the group before there is work: else a slow-starting victim may find every request done
+    deadline = time.monotonic() + 120
+    while not all("assigned" in (tmp_path / f"{name}.log").read_text() for name in workers):
+        assert time.monotonic() < deadline and all(w.poll() is None for w in workers.values()), \
+            (tmp_path / "victim.log").read_text()[-3000:]
+        time.sleep(0.2)
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
     try:
         deadline = time.monotonic() + 120

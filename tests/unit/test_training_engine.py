@@ -77,6 +77,20 @@ def test_select_trims_padding_columns():
     assert sub.response_width == 1 and sub.prompt_width == 3
 
 
+def test_micro_batches_go_shortest_first_each_trimmed_to_its_own_widths():
+    """Sampled responses vary in length: sorted micro-batches carry less padding than rows in arrival order."""
+    from streamrft.engines.training.parallel import SingleProcess
+
+    exps = [make_exp(list(range(1, 3 + n)), 2, eid=f"e{n}") for n in (9, 1, 7, 2, 8, 1)]
+    batch = collate(exps, pad_token_id=0)
+    micro = list(SingleProcess().micro_batches(batch, 2))
+    assert [m.rows for m in micro] == [[1, 5], [3, 2], [4, 0]]  # by length, stable
+    assert [m.batch.response_width for m in micro] == [1, 7, 9]
+    padded = sum(len(m.batch) * m.batch.input_ids.shape[1] for m in micro)
+    in_order = sum(len(b) * b.input_ids.shape[1] for b in batch.micro_batches(2))
+    assert (padded, in_order) == (46, 60)  # token positions of work, padding included
+
+
 def test_collate_refuses_misaligned_logprobs():
     bad = make_exp([1, 2, 3, 4], 2, logprobs=[-1.0], eid="bad-one")
     with pytest.raises(ValueError, match="bad-one.*logprobs has 1 entries but the response has 2"):
