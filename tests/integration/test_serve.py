@@ -146,7 +146,7 @@ def test_rollout_engine_openai_rolls_out_through_the_served_endpoint(served, run
 
     _, _, _, base, client = served
     remote = run_config(model={"path": str(tiny_model_dir)},
-                        rollout={"engine": "openai", "metrics_port": None, "sampling": {"max_tokens": 5},
+                        rollout={"engine": "openai", "metrics_port": None, "sampling": {"max_tokens": 5, "seed": 11},
                                  "openai": {"base_url": f"{base}/v1", "model": "tiny", "api_key": KEY}})
     engine = build_engine(remote)
     try:
