@@ -335,10 +335,13 @@ class ServeRole:
         return experiences
 
     def _write(self, experiences: list[Experience], what: str, undo) -> None:
+        def produce(producer) -> None:
+            for experience in experiences:
+                producer.produce(self.config.topic("experiences"), experience)
+
         try:
             with self._produce_lock:
-                self.runtime.transaction(
-                    lambda p: [p.produce(self.config.topic("experiences"), e) for e in experiences], what)
+                self.runtime.transaction(produce, what)
         except Exception as exc:
             undo()
             self.c_feedback.labels("failed").inc()
