@@ -32,7 +32,7 @@ Needs TRL: .venv/bin/pip install trl datasets
 
 Usage: python bench/e2e_vs_trl.py [--budget-s 600] [--batch-size 8] [--repeat 8] [--max-tokens 32] [--lr 1e-5]
                                   [--temperature 1.0] [--micro-batch 16] [--last-n 5]
-                                  [--sides trl,streamrft,streamrft-async,streamrft-bf16]
+                                  [--sides trl,streamrft,streamrft-async,streamrft-bf16,streamrft-lora]
                                   [--workdir DIR] [--keep]
 """
 from __future__ import annotations
@@ -306,7 +306,10 @@ def run_trl(setup: Setup, workdir: Path) -> SideResult:
 # ---------------------------------------------------------------------------------------------------------------
 # streamrft (`streamrft run` in a child process)
 # ---------------------------------------------------------------------------------------------------------------
-STREAMRFT_SIDES = ("streamrft", "streamrft-async", "streamrft-bf16")
+STREAMRFT_SIDES = ("streamrft", "streamrft-async", "streamrft-bf16", "streamrft-lora")
+# LoRA (rank 16, alpha 32, every projection) trains at 20x the full fine-tuning lr, the usual ratio for adapters
+LORA_SIDE = {"rank": 16, "alpha": 32.0}
+LORA_LR_FACTOR = 20.0
 
 
 def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "streamrft") -> dict:
@@ -314,7 +317,8 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "stre
     checkpoints inside the budget, no fixed metrics ports, and enough epochs that the budget is what stops it.
     ``streamrft-bf16``: rollout engine in bfloat16 and the trainer's forward/backward under bf16 autocast (fp32
     master weights and optimizer) instead of fp32 everywhere. ``streamrft-async``: fully_async pacing with a
-    window of 2 steps and staleness up to 2, trained with decoupled PPO."""
+    window of 2 steps and staleness up to 2, trained with decoupled PPO. ``streamrft-lora``: fixed pacing with
+    LoRA adapters (``LORA_SIDE``) at ``LORA_LR_FACTOR`` times the lr; only adapters are published."""
     bf16 = side == "streamrft-bf16"
     config = json.loads(json.dumps(demo))  # deep copy
     config["name"] = f"e2e-vs-trl-{uuid.uuid4().hex[:8]}"
@@ -332,6 +336,9 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "stre
                              max_grad_norm=setup.max_grad_norm, save_interval=10 ** 9,
                              checkpoint_dir=str(side_dir / "checkpoints"), metrics_port=None)
     config["trainer"].setdefault("algorithm", {}).update(clip_low=setup.clip_low, clip_high=setup.clip_high)
+    if side == "streamrft-lora":
+        config["model"]["lora"] = dict(LORA_SIDE)
+        config["trainer"]["lr"] = setup.lr * LORA_LR_FACTOR
     if side == "streamrft-async":
         config["explorer"].update(sync_style="fully_async", max_staleness=2, max_inflight_steps=2)
         config["explorer"].pop("sync_offset", None)
@@ -366,7 +373,8 @@ def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False,
     if not keep:  # published weights, checkpoints and broker data: GBs; the metrics and logs stay
         for heavy in (side_dir / "weights", side_dir / "checkpoints", run_dir / "kafka"):
             shutil.rmtree(heavy, ignore_errors=True)
-    created = _metric_times(run_dir / "metrics.csv")
+    metric_rows = _metric_rows(run_dir / "metrics.csv")
+    created = _metric_times(metric_rows)
     deadline_ms = (t0 + setup.budget_s) * 1000
     steps_csv = run_dir / "steps.csv"
     if not steps_csv.exists():
@@ -382,29 +390,32 @@ def run_streamrft(setup: Setup, demo: dict, workdir: Path, keep: bool = False,
             result.batches.append(Batch(when / 1000 - t0, n, float(row["rollout/accuracy"])))
     result.optimizer_steps = sum(1 for (role, name, _), when in created.items()
                                  if role == "trainer" and name == "actor/loss" and when <= deadline_ms)
-    result.staleness = _staleness(run_dir / "metrics.csv", deadline_ms, setup.completions_per_step)
+    result.staleness = _staleness(metric_rows, deadline_ms, setup.completions_per_step)
     return result
 
 
-def _staleness(path: Path, deadline_ms: float, per_step: int) -> dict[int, int]:
+def _staleness(rows: list[dict[str, str]], deadline_ms: float, per_step: int) -> dict[int, int]:
     """Trained experiences by staleness (trainer step − the version that sampled them), from each trainer
     step's ``trainer/staleness`` (its batch's mean, so rounded: a step's experiences share one lag here)."""
     counts: dict[int, int] = {}
-    if path.exists():
-        with path.open(newline="") as f:
-            for r in csv.DictReader(f):
-                if r["role"] == "trainer" and r["name"] == "trainer/staleness" and float(r["created_at"]) <= deadline_ms:
-                    lag = round(float(r["value"]))
-                    counts[lag] = counts.get(lag, 0) + per_step
+    for r in rows:
+        if r["role"] == "trainer" and r["name"] == "trainer/staleness" and float(r["created_at"]) <= deadline_ms:
+            lag = round(float(r["value"]))
+            counts[lag] = counts.get(lag, 0) + per_step
     return dict(sorted(counts.items()))
 
 
-def _metric_times(path: Path) -> dict[tuple[str, str, int], float]:
-    """(role, name, step) -> created_at (ms) from the monitor's long-form metrics.csv."""
+def _metric_rows(path: Path) -> list[dict[str, str]]:
+    """The monitor's long-form metrics.csv (role, name, step, value, created_at, ...); none if absent."""
     if not path.exists():
-        return {}
+        return []
     with path.open(newline="") as f:
-        return {(r["role"], r["name"], int(r["step"])): float(r["created_at"]) for r in csv.DictReader(f)}
+        return list(csv.DictReader(f))
+
+
+def _metric_times(rows: list[dict[str, str]]) -> dict[tuple[str, str, int], float]:
+    """(role, name, step) -> created_at (ms)."""
+    return {(r["role"], r["name"], int(r["step"])): float(r["created_at"]) for r in rows}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -494,6 +505,13 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
         verdicts = [f"{name} {'PASS' if a >= b else 'FAIL'} ({a:.3f} vs {b:.3f})" for name, a, b in checks]
         console.print(f"{label}: {side} >= TRL on samples/s and on last-{last_n} accuracy: " + "; ".join(verdicts)
                       + f"; samples/s ratio {checks[0][1] / checks[0][2]:.2f}x (goal 1.5x)")
+    if {"streamrft", "streamrft-lora"} <= by_name.keys() and not (by_name["streamrft"].error
+                                                                 or by_name["streamrft-lora"].error):
+        full, lora = by_name["streamrft"], by_name["streamrft-lora"]
+        console.print(f"LoRA vs full fine-tuning, same budget: samples/s {lora.rate(setup.budget_s):.2f} vs "
+                      f"{full.rate(setup.budget_s):.2f} ({lora.rate(setup.budget_s) / full.rate(setup.budget_s):.2f}x);"
+                      f" last-{last_n} accuracy {lora.accuracy(slice(-last_n, None)):.3f} vs "
+                      f"{full.accuracy(slice(-last_n, None)):.3f}")
     if "TRL" in by_name and any(side in by_name for side in labels):
         n = setup.completions_per_step * last_n
         console.print(f"  (last-{last_n} accuracy is over ~{n} samples per side: its standard error is about "

@@ -1,6 +1,7 @@
 """Weight sync cost: streamrft's transports against a raw safetensors save + load of the same tensors.
 
     python bench/weight_sync.py [--model DIR] [--repeats 3] [--shard-mb 1024] [--bucket-mb 256]
+    python bench/weight_sync.py --lora [--lora-rank 16]     # adapter-only sync against the full model's
 
 * raw          — ``safetensors.torch.save_file`` then ``load_file`` of all tensors, one file (the floor).
 * object_store — ``ObjectStore.publish`` (sharded safetensors + sha256 + manifest, atomic moves, retention)
@@ -9,6 +10,10 @@
                  on every core). object_store hashes each byte twice (publish and verify).
 * collective   — ``broadcast_weights`` from rank 0 to one, then two receivers over gloo on this machine (one
                  process each), timed from the start of the broadcast until every receiver has every tensor.
+
+With ``--lora``: the adapters of the training engine under ``model.lora`` (rank 16, every projection) published
+and loaded as a LoRA run's worker does (verified load, merge into the base with ``AdapterMerger``, whole-model
+copy into the engine's tensors), against the full model's object_store publish + load: seconds and bytes.
 
 Every method ends by copying the tensors into preallocated ones (what an engine's ``load_weights`` does), so
 lazily memory-mapped tensors are really read. The goal is ≤ 2× raw for each transport. Default model: the demo model directory if it has been prepared,
@@ -158,6 +163,57 @@ def bench_collective(model_dir: Path, repeats: int, bucket_bytes: int, receivers
     return out["times"], all(out[f"received{r}"] == out["sent"] for r in range(1, world))
 
 
+def bench_lora(model_dir: Path, tensors: dict[str, torch.Tensor], workdir: Path, repeats: int, rank: int,
+               shard_bytes: int) -> None:
+    """Adapter-only sync (publish, verified load, merge, copy into the engine) against the full model's."""
+    from streamrft.engines.lora import AdapterMerger, LoraSettings
+    from streamrft.engines.training import TrainingEngine, TrainingSettings
+
+    lora = LoraSettings(rank=rank, alpha=2.0 * rank)
+    engine = TrainingEngine.from_pretrained(model_dir, TrainingSettings(), device="cpu", lora=lora)
+    with torch.no_grad():  # peft starts B at zero; any values cost the same to move
+        for name, tensor in engine.named_weights():
+            tensor.normal_(0, 0.01)
+    adapter = dict(engine.named_weights())
+    merger = AdapterMerger(lora, tensors)
+    dest = {name: torch.empty_like(t) for name, t in tensors.items()}
+    full_store = ObjectStore((workdir / "full").as_uri(), keep_last=2, max_shard_bytes=shard_bytes)
+    lora_store = ObjectStore((workdir / "lora").as_uri(), keep_last=2, max_shard_bytes=shard_bytes)
+    times: dict[str, list[float]] = {key: [] for key in ("full", "lora", "lora publish", "lora load", "merge")}
+    sizes = {}
+    for version in range(repeats):
+        settle()
+        t0 = time.perf_counter()
+        pub = full_store.publish(tensors.items(), version)
+        into(dest, load_weights(pub.uri, pub.sha256).items())
+        times["full"].append(time.perf_counter() - t0)
+        sizes["full"] = pub.nbytes
+        settle()
+        t0 = time.perf_counter()
+        pub = lora_store.publish(adapter.items(), version, metadata=engine.publish_metadata())
+        t1 = time.perf_counter()
+        loaded = load_weights(pub.uri, pub.sha256)
+        t2 = time.perf_counter()
+        into(dest, merger.merge(loaded).items())
+        t3 = time.perf_counter()
+        times["lora"].append(t3 - t0)
+        times["lora publish"].append(t1 - t0)
+        times["lora load"].append(t2 - t1)
+        times["merge"].append(t3 - t2)
+        sizes["lora"] = pub.nbytes
+    full = statistics.median(times["full"])
+    print(f"\nLoRA rank {rank} on {', '.join(lora.target_modules)}: "
+          f"{sum(t.numel() for t in adapter.values()) / 1e6:.2f} M adapter parameters; median of {repeats}")
+    print(f"{'method':<40} {'median s':>9} {'MB':>9} {'vs full':>8}")
+    for name, key, size in (("full model: publish + load", "full", sizes["full"]),
+                            ("adapter: publish + load + merge + copy", "lora", sizes["lora"]),
+                            ("  publish", "lora publish", None), ("  load (verified)", "lora load", None),
+                            ("  merge + whole-model copy", "merge", None)):
+        med = statistics.median(times[key])
+        print(f"{name:<40} {med:>9.3f} {size / 1e6 if size else float('nan'):>9.2f} {med / full:>7.2f}x")
+    print(f"bytes on the wire: adapter {sizes['lora'] / sizes['full']:.4f} of the full model")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None, help=f"HF model directory (default: {DEMO_MODEL})")
@@ -166,6 +222,8 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=64, help="collective bucket size")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temporary one)")
     parser.add_argument("--skip-collective", action="store_true")
+    parser.add_argument("--lora", action="store_true", help="adapter-only sync against the full model's instead")
+    parser.add_argument("--lora-rank", type=int, default=16)
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="streamrft-bench-") as scratch:
@@ -184,6 +242,9 @@ def main() -> None:
         print(f"model    {model_dir}")
         print(f"tensors  {len(tensors)}, {nbytes / 1e6:.1f} MB, {'/'.join(dtypes)}; "
               f"{os.cpu_count()} CPUs; median of {args.repeats}")
+        if args.lora:
+            bench_lora(model_dir, tensors, workdir, args.repeats, args.lora_rank, int(args.shard_mb * (1 << 20)))
+            return
         times = bench_file_methods(tensors, workdir, args.repeats, int(args.shard_mb * (1 << 20)))
         rows = [
             ("raw safetensors save+load", times["raw"], "yes"),

@@ -94,7 +94,7 @@ def checkpoint_versions(config: RunConfig, directory: Path, store_url: str,
     versions = {}
     for done, (step, path) in enumerate(found.items(), start=1):
         engine.load_state(path)
-        published = store.publish(engine.named_weights(), version=step)
+        published = store.publish(engine.named_weights(), version=step, metadata=engine.publish_metadata())
         versions[step] = (published.uri, published.sha256)
         if progress is not None:
             progress(done, len(found))

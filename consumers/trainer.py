@@ -91,7 +91,7 @@ def build_engine(config: RunConfig, parallel: SingleProcess | None = None,
     if device is None and config.trainer.device != "auto":
         device = config.trainer.device
     return TrainingEngine.from_pretrained(resolve_model_path(config.model.path), training_settings(config),
-                                          device=device, parallel=parallel)
+                                          device=device, parallel=parallel, lora=config.model.lora)
 
 
 def staleness_bound(config: RunConfig) -> int:

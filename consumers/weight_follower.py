@@ -43,6 +43,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine
+from streamrft.engines.lora import ADAPTER_PAYLOAD, PAYLOAD_KEY, AdapterMerger, LoraSettings, read_base_weights
 from streamrft.engines.weights import (
     ChecksumRequiredError,
     ForeignUriError,
@@ -62,6 +63,7 @@ from streamrft.lifecycle import StopSignal
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView, supersedes  # the one rule of which weights are newer; re-exported here
 
+from .model_paths import resolve_model_path
 from .weight_sync import CollectiveReceiver, check_announcement, receiver_device
 
 logger = logging.getLogger(__name__)
@@ -86,7 +88,7 @@ HINTS: dict[str, str] = {
                  "published version will be tried",
     "bad-manifest": "the manifest is not a valid streamrft manifest; check who writes to the weights store",
     "incompatible-weights": "the weights do not fit this engine's model (names/shapes): give trainer and "
-                            "workers the same model.path",
+                            "workers the same model.path and model.lora",
     "engine-error": "the engine failed while loading; see the traceback in the log",
     "store-unavailable": "the fsspec backend for the store's protocol is not installed on this worker",
     "unreachable": "the store (or the weight-sync group) did not answer; retried with backoff",
@@ -142,6 +144,10 @@ class WeightFollower:
         weights = config.trainer.weights
         self.engine = engine
         self.worker_id = worker_id
+        self.lora = config.model.lora
+        # under LoRA the trainer publishes adapters; they are merged into the base weights read here
+        self.merger = (AdapterMerger(self.lora, read_base_weights(resolve_model_path(config.model.path), self.lora))
+                       if self.lora is not None else None)
         self.method = _METHODS[weights.method]
         self.store_url = config.weights_url
         self.collective_host = weights.collective_host
@@ -313,6 +319,7 @@ class WeightFollower:
     def _fetch_object_store(self, signal: SyncSignal):
         manifest = read_manifest(signal.uri, signal.sha256, expected_version=signal.version,
                                  expected_lineage=signal.lineage)
+        self._check_payload(manifest.metadata)
         self._check_engine({name: entry.shape for name, entry in manifest.tensors.items()})  # before the download
         return load_weights(signal.uri, signal.sha256, manifest=manifest)
 
@@ -345,8 +352,26 @@ class WeightFollower:
     def _catch_up_signal(signal: SyncSignal, delivery) -> SyncSignal:
         return dataclasses.replace(signal, method=SyncMethod.OBJECT_STORE, uri=delivery.catch_up, state="")
 
+    def _check_payload(self, metadata: dict[str, str]) -> None:
+        """A manifest's tensors are an adapter exactly when this worker expects one, of its rank and scale."""
+        published = _adapter_settings(metadata)
+        if published is None and self.lora is None:
+            return
+        if published is None:
+            raise _Refused("incompatible-weights", "the version holds whole weights, but model.lora is set on this "
+                                                   "worker (it merges adapters only)")
+        if self.lora is None:
+            raise _Refused("incompatible-weights", "the version is a LoRA adapter, but model.lora is not set on "
+                                                   "this worker")
+        if (published.rank, published.alpha) != (self.lora.rank, self.lora.alpha):
+            raise _Refused("incompatible-weights", f"the adapter has rank {published.rank} and alpha "
+                                                   f"{published.alpha}; model.lora here says rank {self.lora.rank} "
+                                                   f"and alpha {self.lora.alpha}")
+
     def _check_engine(self, shapes) -> None:
         try:
+            if self.merger is not None:
+                shapes = self.merger.merged_shapes(shapes)
             self.engine.check_weights(shapes)
         except ValueError as exc:
             raise _Refused("incompatible-weights", str(exc)) from exc
@@ -354,6 +379,8 @@ class WeightFollower:
     def _swap(self, tensors, version: int) -> None:
         before = self.engine.version
         try:
+            if self.merger is not None:
+                tensors = self.merger.merge(dict(tensors))
             self.engine.load_weights(tensors, version)
         except ValueError as exc:  # engines check names/shapes/dtypes before changing anything
             raise _Refused("incompatible-weights", str(exc)) from exc
@@ -418,6 +445,17 @@ class WeightFollower:
                                                 timeout_s=self.receiver_timeout_s).start()
         logger.info("%s: joining the trainer's weight-sync group %s (lineage %s)", self.worker_id, ready.uri,
                     ready.lineage or "-")
+
+
+def _adapter_settings(metadata: dict[str, str]) -> LoraSettings | None:
+    """The LoRA settings a manifest's metadata declares (``LoraSettings.metadata``); None for whole weights."""
+    if metadata.get(PAYLOAD_KEY) != ADAPTER_PAYLOAD:
+        return None
+    try:
+        return LoraSettings(rank=int(metadata["lora_rank"]), alpha=float(metadata["lora_alpha"]),
+                            target_modules=tuple(metadata["lora_target_modules"].split(",")))
+    except (KeyError, ValueError) as exc:
+        raise _Refused("bad-manifest", f"the manifest says it holds an adapter but not its settings: {exc}") from exc
 
 
 def _classify(exc: BaseException) -> tuple[str, bool]:

@@ -38,7 +38,7 @@ class ObjectStorePublisher:
         return None
 
     def publish(self, engine: TrainingEngine, version: int) -> SyncSignal:
-        published = self.store.publish(engine.named_weights(), version=version)
+        published = self.store.publish(engine.named_weights(), version=version, metadata=engine.publish_metadata())
         return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
                           method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
                           nbytes=published.nbytes, source=self.source, lineage=self.lineage)
@@ -90,7 +90,8 @@ class CollectivePublisher:
                                "up when they come", self.source, joined, self.expected_receivers, self.first_wait_s)
         delivery = self.sender.broadcast(engine.named_weights(), version, bucket_bytes=self.bucket_bytes)
         self.last_delivery = delivery
-        catch_up = self.catch_up.publish(engine.named_weights(), version=version) if self.catch_up else None
+        catch_up = (self.catch_up.publish(engine.named_weights(), version=version, metadata=engine.publish_metadata())
+                    if self.catch_up else None)
         nbytes = delivery.stats.nbytes if delivery.stats else (catch_up.nbytes if catch_up else 0)
         return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
                           method=SyncMethod.COLLECTIVE, uri=self.sender.address, nbytes=nbytes,

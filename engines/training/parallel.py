@@ -252,12 +252,20 @@ class FSDPStrategy(_Distributed):
 
 
 def _sharded_state(engine: "TrainingEngine") -> dict[str, Any]:
-    """The engine's state in torch.distributed.checkpoint's form (fully qualified names; this rank's shards)."""
+    """The engine's state in torch.distributed.checkpoint's form (fully qualified names; this rank's shards);
+    under LoRA the frozen base is left out (it is the model directory's)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optimizer_state = get_state_dict(engine.model, engine.optimizer)
+    model_state, optimizer_state = get_state_dict(engine.model, engine.optimizer, options=_state_options(engine))
     return {"model": model_state, "optimizer": optimizer_state,
             "scheduler": engine.scheduler.state_dict(), "step": engine.step}
+
+
+def _state_options(engine: "TrainingEngine"):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    adapters_only = engine.lora is not None
+    return StateDictOptions(ignore_frozen_params=adapters_only, strict=not adapters_only)
 
 
 def _load_sharded(engine: "TrainingEngine", directory: Path) -> None:
@@ -268,7 +276,7 @@ def _load_sharded(engine: "TrainingEngine", directory: Path) -> None:
     state = _sharded_state(engine)
     dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"])
+                   optim_state_dict=state["optimizer"], options=_state_options(engine))
     engine.restore_schedule(state["scheduler"], int(state["step"]))
 
 

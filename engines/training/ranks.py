@@ -137,6 +137,9 @@ class RankZeroEngine:
         self.channel.send("named_weights", dtype)
         yield from self.engine.named_weights(dtype)
 
+    def publish_metadata(self) -> dict[str, str]:
+        return self.engine.publish_metadata()
+
     def stop_followers(self) -> None:
         self.channel.send("stop")
 

@@ -371,6 +371,11 @@ class ObjectStore:
         return sorted(v for (lineage, v), path in self._version_dirs().items()
                       if lineage == self.lineage and self._is_complete(path))
 
+    def lineages_of(self, version: int) -> list[str]:
+        """The lineages that hold a complete ``version``, oldest trainer first (:func:`new_lineage` order)."""
+        return sorted(lineage for (lineage, v), path in self._version_dirs().items()
+                      if v == version and self._is_complete(path))
+
     def prune(self) -> list[str]:
         """Delete old version directories; returns the names deleted.
 

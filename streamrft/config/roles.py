@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 
+from streamrft.engines.lora import LoraSettings
 from streamrft.engines.training.settings import AlgorithmSettings, OptimizerSettings
 
 from .base import Section
@@ -17,6 +18,8 @@ class ModelConfig(Section):
 
     path: str = "smollm2-135m"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    lora: LoraSettings | None = Field(default=None, description="train LoRA adapters (peft) instead of the whole "
+                                      "model; only the adapters are checkpointed and published")
 
 
 class SamplingConfig(Section):

@@ -176,13 +176,20 @@ def test_checkpoints_ignore_interrupted_saves_prune_and_truncate_the_audit(tmp_p
 
 
 # ------------------------------------------------------------------------------------------- with the broker
-@pytest.mark.parametrize("engine", ["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
-def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config, tiny_model_dir, tmp_path, engine):
+@pytest.mark.parametrize("engine, lora", [("transformers", False), ("transformers", True),
+                                          pytest.param("vllm", False, marks=pytest.mark.vllm)])
+def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config, tiny_model_dir, tmp_path, engine,
+                                                                      lora):
     """Reward 1 when the response starts with a digit (~10 % for the random tiny model): 20 fixed-pacing steps,
-    each trained on the previous weights, must raise it clearly — with either rollout engine."""
+    each trained on the previous weights, must raise it clearly — with either rollout engine, and with LoRA
+    (adapters published, merged by the worker).
+
+    LoRA leaves the tied embeddings / output head alone, and with the tiny model's initialisation (std 0.02)
+    they bound the logits too tightly for adapters to move them: the LoRA run's model is initialised at std
+    0.1, nearer a trained model's logit range (measured: reward 0.21 -> 0.69 over the first and last 5 steps)."""
     from streamrft.consumers.explorer import Explorer
     from streamrft.consumers.rollout import RolloutWorker
-    from streamrft.engines.models import build_tiny_tokenizer
+    from streamrft.engines.models import build_tiny_model, build_tiny_tokenizer
     from streamrft.engines.workflows import SingleTurnWorkflow, register_workflow, unregister_workflow
     from streamrft.engines.workflows.rewards import Reward
     from streamrft.schemas import Task
@@ -199,13 +206,16 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
             return Reward(float(hit), correct=hit)
 
     steps = 20
+    model_dir = build_tiny_model(tmp_path / "model", seed=0, initializer_range=0.1) if lora else tiny_model_dir
     settings = _settings(
-        tiny_model_dir, tmp_path / "ckpt",
+        model_dir, tmp_path / "ckpt",
         explorer={"batch_size": 4, "repeat_times": 8, "total_steps": steps, "sync_style": "fixed",
                   "sync_interval": 1},
-        trainer={"lr": 1e-2, "micro_batch_size": 32, "total_steps": steps, "save_interval": 100,
+        trainer={"lr": 5e-2 if lora else 1e-2, "micro_batch_size": 32, "total_steps": steps, "save_interval": 100,
                  "algorithm": {"clip_high": 0.28}})
     settings["rollout"].update(engine=engine, vllm={"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 256})
+    if lora:
+        settings["model"]["lora"] = {"rank": 8, "alpha": 16.0}
     config = run_config(**settings)
     clients = _clients(config)
     producer = clients.producer()
@@ -222,6 +232,7 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
         wait_for(explorer, [worker], 60)
         elapsed = time.monotonic() - started
         served_version = worker.role.engine.version
+        served = {name: t.clone() for name, t in worker.role.engine.state_dict().items()}
         worker.stop.request()
         worker.join(60)
     finally:
@@ -242,8 +253,13 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
     assert served_version >= steps - 1
     from safetensors.torch import load_file
 
-    initial = load_file(str(tiny_model_dir / "model.safetensors"))
+    initial = load_file(str(model_dir / "model.safetensors"))
     trained = dict(trainer.role.engine.named_weights())
+    if lora:  # the worker serves the base weights with the last adapter merged in
+        signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=0.5)
+        assert all(s.nbytes < 200_000 for s in signals if s.kind == SyncKind.WEIGHTS_PUBLISHED)  # adapters only
+        assert all(".lora_" in name for name in trained)
+        trained = served
     assert any(not torch.equal(initial[name], trained[name]) for name in initial if name in trained)
     clients.close()
 
@@ -642,29 +658,16 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     clients.close()
 
 
-def test_trainer_driven_workers_move_only_to_the_versions_the_trainer_requests(run_config, tiny_model_dir,
-                                                                                tmp_path):
-    """trainer_driven: the trainer publishes every step but asks for a sync every second version; the explorer
-    paces on those requests and its requests never name another version; no trained experience is staler
-    than max_staleness."""
+def _run_the_loop(config, clients, *, tasks: int, seed: int) -> None:
+    """Explorer, one fake-engine rollout worker and a live trainer on ``tasks`` arithmetic tasks, until the
+    trainer and the explorer are done."""
     from streamrft.consumers.explorer import Explorer
     from streamrft.consumers.rollout import RolloutWorker
     from streamrft.engines.tasks import make_arithmetic_tasks
-    from streamrft.schemas import RolloutRequest
-
-    from streamrft.schemas import RolloutResult
 
     from .roles import produce_tasks
 
-    steps = 6
-    settings = _settings(tiny_model_dir, tmp_path / "ckpt",
-                         explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps,
-                                   "sync_style": "trainer_driven", "sync_interval": 1, "max_staleness": 2},
-                         trainer={"total_steps": steps, "save_interval": 100, "sync_request_interval": 2})
-    settings["rollout"].update(engine="fake", fake_latency_s=0.05)
-    config = run_config(**settings)
-    clients = _clients(config)
-    produce_tasks(clients, config, make_arithmetic_tasks(steps * 2, seed=3))
+    produce_tasks(clients, config, make_arithmetic_tasks(tasks, seed=seed))
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
     explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
     trainer = trainer_thread(config, clients)
@@ -674,6 +677,24 @@ def test_trainer_driven_workers_move_only_to_the_versions_the_trainer_requests(r
     finally:
         worker.stop.request()
         worker.join(60)
+
+
+def test_trainer_driven_workers_move_only_to_the_versions_the_trainer_requests(run_config, tiny_model_dir,
+                                                                                tmp_path):
+    """trainer_driven: the trainer publishes every step but asks for a sync every second version; the explorer
+    paces on those requests and its requests never name another version; no trained experience is staler
+    than max_staleness."""
+    from streamrft.schemas import RolloutRequest, RolloutResult
+
+    steps = 6
+    settings = _settings(tiny_model_dir, tmp_path / "ckpt",
+                         explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps,
+                                   "sync_style": "trainer_driven", "sync_interval": 1, "max_staleness": 2},
+                         trainer={"total_steps": steps, "save_interval": 100, "sync_request_interval": 2})
+    settings["rollout"].update(engine="fake", fake_latency_s=0.05)
+    config = run_config(**settings)
+    clients = _clients(config)
+    _run_the_loop(config, clients, tasks=steps * 2, seed=3)
 
     signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
     published = sorted(s.version for s in signals if s.kind == SyncKind.WEIGHTS_PUBLISHED)
@@ -695,13 +716,8 @@ def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(ru
     """fully_async with max_inflight_steps 3 and max_staleness 2 against a live trainer: the explorer runs
     ahead (its state record lists more than one step in flight), never publishes a step whose weights bound
     is unmet, every step is finished once and in order, and no trained experience is staler than 2."""
-    from streamrft.consumers.explorer import Explorer
-    from streamrft.consumers.rollout import RolloutWorker
-    from streamrft.engines.tasks import make_arithmetic_tasks
     from streamrft.schemas import RolloutRequest, RolloutResult
     from streamrft.validation import ExplorerState
-
-    from .roles import produce_tasks
 
     steps = 6
     settings = _settings(tiny_model_dir, tmp_path / "ckpt",
@@ -711,16 +727,7 @@ def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(ru
     settings["rollout"].update(engine="fake", fake_latency_s=0.05)
     config = run_config(**settings)
     clients = _clients(config)
-    produce_tasks(clients, config, make_arithmetic_tasks(steps * 2, seed=4))
-    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
-    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
-    trainer = trainer_thread(config, clients)
-    try:
-        wait_for(trainer, [worker, explorer], 240)
-        wait_for(explorer, [worker], 60)
-    finally:
-        worker.stop.request()
-        worker.join(60)
+    _run_the_loop(config, clients, tasks=steps * 2, seed=4)
 
     signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
     states = [ExplorerState.from_json(s.state) for s in signals if s.kind == SyncKind.EXPLORER_STATE]

@@ -190,3 +190,30 @@ def test_a_call_that_cannot_be_submitted_fails_alone_and_weights_wait_for_runnin
     while engine.unfinished:
         done.update(engine.step())
     assert isinstance(done["bad"], ValueError) and len(done["good"][0]) == 1
+
+
+def test_a_merged_lora_adapter_loads_whole_and_decodes_as_in_the_transformers_engine(engine, tiny_model_dir):
+    """A worker under model.lora merges each published adapter into the base and loads the whole model (vLLM
+    takes complete weight sets only, its projections being fused); greedy decoding then equals the transformers
+    engine's with the same merged weights."""
+    from streamrft.engines.lora import AdapterMerger, LoraSettings, read_base_weights
+
+    lora = LoraSettings(rank=4, alpha=8.0, target_modules=("q_proj", "v_proj", "up_proj"))
+    base = read_base_weights(tiny_model_dir, lora)
+    g = torch.Generator().manual_seed(5)
+    adapter = {}
+    for name, tensor in base.items():
+        if name.endswith(("q_proj.weight", "v_proj.weight", "up_proj.weight")):
+            module = name.removesuffix(".weight")
+            adapter[f"{module}.lora_A.weight"] = torch.randn(4, tensor.shape[1], generator=g)
+            adapter[f"{module}.lora_B.weight"] = torch.randn(tensor.shape[0], 4, generator=g)
+    merged = AdapterMerger(lora, base).merge(adapter)
+    greedy = SamplingParams(temperature=0, max_tokens=12)
+    engine.load_weights(base, 1)
+    before = [c.response_ids for c in flat(engine.generate(PROMPTS, greedy))]
+    engine.load_weights(merged, 2)
+    transformers_engine = create_engine("transformers", tiny_model_dir, device="cpu")
+    transformers_engine.load_weights(merged, 2)
+    served = [c.response_ids for c in flat(engine.generate(PROMPTS, greedy))]
+    assert served != before
+    assert served == [c.response_ids for c in flat(transformers_engine.generate(PROMPTS, greedy))]
