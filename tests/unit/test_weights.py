@@ -338,6 +338,9 @@ def test_publishers_put_a_fresh_lineage_in_every_signal(tmp_path: Path):
         def named_weights(self):
             return sample_tensors()
 
+        def publish_metadata(self):
+            return {}
+
     config = load_config(overrides={"name": "t-lineage", "trainer": {"weights": {"url": tmp_path.as_uri()}}},
                          env={})
     first, resumed = ObjectStorePublisher(config, "trainer"), ObjectStorePublisher(config, "trainer")
