@@ -98,7 +98,7 @@ def request_sampling(sampling: SamplingParams, seed: int | None, request_id: str
 def work_limits(config: RunConfig) -> WorkLimits:
     limits = config.limits
     return WorkLimits(max_repeat_times=limits.max_repeat_times, max_turns=limits.max_turns,
-                      max_prompt_tokens=limits.max_prompt_tokens)
+                      max_prompt_tokens=limits.max_prompt_tokens, max_episode_tokens=limits.max_episode_tokens)
 
 
 class RolloutWorker:

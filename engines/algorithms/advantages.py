@@ -11,7 +11,9 @@ Common signature::
   penalty, see :func:`streamrft.engines.algorithms.kl.kl_penalty`).
 
 Sequence-level estimators (``grpo``, ``dr_grpo``, ``rloo``) score an experience as
-``score_i = rewards_i + Σ_t mask_it · token_rewards_it`` and broadcast its advantage to every trained token.
+``score_i = rewards_i + Σ_t mask_it · token_rewards_it`` and broadcast its advantage to every trained token: for a
+multi-turn episode, every model turn gets the episode's advantage (environment tokens have mask 0).
+``grpo_reward_to_go`` credits each turn with the rewards from that turn on instead (turn-level credit).
 A group with a single member has no baseline and gets advantage 0.
 """
 from __future__ import annotations
@@ -76,6 +78,37 @@ def grpo(
     mean, std, count = group_stats(scores, group_ids)
     adv = torch.where(count > 1, (scores - mean) / (std + epsilon), torch.zeros_like(scores))
     return _broadcast(adv, mask)
+
+
+@ADVANTAGES.register("grpo_reward_to_go")
+def grpo_reward_to_go(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    *,
+    token_rewards: torch.Tensor | None = None,
+    epsilon: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO with turn-level credit, for multi-turn episodes with per-turn rewards:
+    ``A_it = (G_it − mean_g(s)) / (std_g(s) + ε)`` on trained tokens, where
+    ``G_it = rewards_i + Σ_{t' ≥ t} mask_it' · token_rewards_it'`` is what episode ``i`` still collects from token
+    ``t`` on (a turn's reward sits on its last token, so each token of a turn counts that turn), and
+    ``s_i = rewards_i + Σ_t mask_it · token_rewards_it`` is the episode's score, whose group mean and std are the
+    baseline, as in ``grpo``.
+
+    So a turn is credited with its own reward and those after it, never with rewards earned before it. Without
+    token rewards ``G_it = s_i`` and this is ``grpo``; singletons give 0.
+    """
+    scores = sequence_scores(rewards, mask, token_rewards)
+    mean, std, count = group_stats(scores, group_ids)
+    m = mask.to(torch.float32)
+    if token_rewards is None:
+        to_go = scores[:, None].expand_as(m)
+    else:
+        collected_from = (token_rewards.to(torch.float32) * m).flip(-1).cumsum(-1).flip(-1)
+        to_go = rewards.to(torch.float32)[:, None] + collected_from
+    adv = (to_go - mean[:, None]) / (std[:, None] + epsilon)
+    return torch.where((count > 1)[:, None], adv, torch.zeros_like(adv)) * m
 
 
 @ADVANTAGES.register("dr_grpo")

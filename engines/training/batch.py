@@ -31,6 +31,7 @@ class Batch:
     token_rewards: torch.Tensor | None  # [B, R] float, or None when no record carries any
     model_versions: torch.Tensor  # [B] long
     needs_correction: torch.Tensor  # [B] bool: apply importance correction (stale experiences)
+    truncated: torch.Tensor  # [B] bool: cut by a budget (max_tokens, an episode's turns or tokens)
     group_ids: list[Hashable]
     # filled by TrainingEngine.prepare
     old_logprobs: torch.Tensor | None = None
@@ -160,5 +161,6 @@ def collate(
         needs_correction=torch.tensor(
             list(needs_correction) if needs_correction is not None else [False] * n, dtype=torch.bool
         ),
+        truncated=torch.tensor([e.truncated for e in experiences], dtype=torch.bool),
         group_ids=[e.group_id for e in experiences],
     )

@@ -279,6 +279,10 @@ class TrainingEngine:
         batch.advantages = advantage_fn(
             batch.rewards, mask, batch.group_ids, token_rewards=token_rewards, **s.advantage_params
         ).to(mask.dtype)
+        if s.mask_truncated:  # after the advantages: a truncated sample still counts in its group's baseline
+            metrics["actor/num_masked_truncated"] = float(batch.truncated.sum())
+            mask = batch.response_mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
+            batch.advantages = batch.advantages * mask
 
         if recompute:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
             seen = truncated_importance_weights(batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap)

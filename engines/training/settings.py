@@ -106,6 +106,10 @@ class AlgorithmSettings(EngineSettings):
     tis: bool = Field(default=False, description="truncated IS on every experience (rollout/trainer mismatch); "
                                                  "stale ones always get it")
     tis_cap: float = Field(default=2.0, ge=1, description="a cap below 1 would down-weight on-policy tokens")
+    mask_truncated: bool = Field(default=False,
+                                 description="keep truncated samples (cut by max_tokens, or a multi-turn episode cut "
+                                             "by its turn or token budget) out of the loss; their rewards still "
+                                             "count in their group's baseline")
 
     @property
     def reweights_every_row(self) -> bool:

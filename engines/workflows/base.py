@@ -38,15 +38,19 @@ class WorkflowError(Exception):
 
 @dataclass(slots=True)
 class WorkflowSample:
-    """One scored sample. ``tokens`` are prompt + response ids; ``logprobs`` (and ``action_mask`` when set)
-    cover the response only: ``len(logprobs) == len(tokens) - prompt_length``. ``action_mask`` is 1 for tokens
-    the policy produced (trained on) and 0 for tokens an environment inserted; None means all ones."""
+    """One scored sample. ``tokens`` are prompt + response ids; ``logprobs`` (and ``action_mask`` and
+    ``token_rewards`` when set) cover the response only: ``len(logprobs) == len(tokens) - prompt_length``.
+    ``action_mask`` is 1 for tokens the policy produced (trained on) and 0 for tokens an environment inserted;
+    None means all ones. ``token_rewards`` are per-step rewards (e.g. a multi-turn episode's turn rewards on the
+    last token of each turn), added to ``reward`` by the advantage estimators. ``truncated``: the sample was cut
+    by a budget (``max_tokens``, an episode's turns or tokens) rather than ending on its own."""
 
     tokens: list[int]
     prompt_length: int
     logprobs: list[float]
     reward: float
     action_mask: list[int] | None = None
+    token_rewards: list[float] | None = None
     truncated: bool = False
     prompt_text: str = ""
     response_text: str = ""
@@ -68,6 +72,8 @@ class WorkflowSample:
             raise ValueError(f"{len(self.logprobs)} logprobs for {n} response tokens")
         if self.action_mask is not None and len(self.action_mask) != n:
             raise ValueError(f"action mask of {len(self.action_mask)} for {n} response tokens")
+        if self.token_rewards is not None and len(self.token_rewards) != n:
+            raise ValueError(f"{len(self.token_rewards)} token rewards for {n} response tokens")
 
     def to_experience(
         self,
@@ -94,6 +100,7 @@ class WorkflowSample:
             logprobs=pack_f32(self.logprobs),
             reward=float(self.reward),
             action_mask=None if self.action_mask is None else pack_u8(self.action_mask),
+            token_rewards=None if self.token_rewards is None else pack_f32(self.token_rewards),
             truncated=self.truncated,
             prompt_text=self.prompt_text,
             response_text=self.response_text,

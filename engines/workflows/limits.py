@@ -10,6 +10,7 @@ class WorkLimits:
     max_repeat_times: int = 256
     max_turns: int = 32
     max_prompt_tokens: int = 16384
+    max_episode_tokens: int = 4096
 
     def check_repeat_times(self, repeat_times: int) -> None:
         if repeat_times > self.max_repeat_times:

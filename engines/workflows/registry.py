@@ -1,13 +1,18 @@
-"""Name -> workflow class and name -> reward function.
+"""Name -> workflow class, name -> environment class and name -> reward function.
 
 Built-ins register themselves with the decorators below when their modules are imported (the package
-``__init__`` imports them). Plugins are found by name in the entry-point groups ``streamrft.workflows`` and
-``streamrft.rewards``, for example in a plugin's ``pyproject.toml``::
+``__init__`` imports them). Plugins are found by name in the entry-point groups ``streamrft.workflows``,
+``streamrft.environments`` and ``streamrft.rewards``, for example in a plugin's ``pyproject.toml``::
 
     [project.entry-points."streamrft.workflows"]
-    my_env = "my_package.envs:MyWorkflow"
+    my_workflow = "my_package.workflows:MyWorkflow"
+    [project.entry-points."streamrft.environments"]
+    my_env = "my_package.envs:MyEnvironment"
     [project.entry-points."streamrft.rewards"]
     my_score = "my_package.rewards:score"
+
+An environment (``streamrft.engines.workflows.episode.Environment``) is run by a multi-turn
+``EpisodeWorkflow``; a task names it like any workflow (``workflow: my_env``), so one name space serves both.
 """
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ from typing import Any, TypeVar
 logger = logging.getLogger(__name__)
 
 WORKFLOW_GROUP = "streamrft.workflows"
+ENVIRONMENT_GROUP = "streamrft.environments"
 REWARD_GROUP = "streamrft.rewards"
 
 _WORKFLOWS: dict[str, Any] = {}
+_ENVIRONMENTS: dict[str, Any] = {}
 _REWARDS: dict[str, Callable[..., Any]] = {}
 
 T = TypeVar("T")
@@ -37,6 +44,12 @@ class UnknownNameError(KeyError):
 def register_workflow(name: str, *, replace: bool = False) -> Callable[[T], T]:
     """Class decorator: make a Workflow subclass available under ``name``."""
     return _register(_WORKFLOWS, "workflow", name, replace)
+
+
+def register_environment(name: str, *, replace: bool = False) -> Callable[[T], T]:
+    """Class decorator: make an Environment subclass available under ``name`` (tasks run it as workflow
+    ``name``, through an ``EpisodeWorkflow``)."""
+    return _register(_ENVIRONMENTS, "environment", name, replace)
 
 
 def register_reward(name: str, *, replace: bool = False) -> Callable[[T], T]:
@@ -58,12 +71,28 @@ def unregister_workflow(name: str) -> None:
     _WORKFLOWS.pop(name, None)
 
 
+def unregister_environment(name: str) -> None:
+    _ENVIRONMENTS.pop(name, None)
+
+
 def unregister_reward(name: str) -> None:
     _REWARDS.pop(name, None)
 
 
 def get_workflow_class(name: str) -> Any:
-    return _lookup(_WORKFLOWS, WORKFLOW_GROUP, "workflow", name)
+    """The workflow class registered as ``name``; for an environment's name, an ``EpisodeWorkflow`` of it."""
+    if name in _WORKFLOWS or _plugin(WORKFLOW_GROUP, name) is not None:
+        return _lookup(_WORKFLOWS, WORKFLOW_GROUP, "workflow", name)
+    if name in _ENVIRONMENTS or _plugin(ENVIRONMENT_GROUP, name) is not None:
+        from .episode import episode_workflow  # episode imports this module
+
+        return episode_workflow(_lookup(_ENVIRONMENTS, ENVIRONMENT_GROUP, "environment", name))
+    raise UnknownNameError(f"unknown workflow {name!r}; known: {workflow_names()} (plugins register under "
+                           f"{WORKFLOW_GROUP!r}, environments under {ENVIRONMENT_GROUP!r})")
+
+
+def get_environment_class(name: str) -> Any:
+    return _lookup(_ENVIRONMENTS, ENVIRONMENT_GROUP, "environment", name)
 
 
 def get_reward(name: str) -> Callable[..., Any]:
@@ -71,17 +100,24 @@ def get_reward(name: str) -> Callable[..., Any]:
 
 
 def workflow_names() -> list[str]:
-    return sorted(set(_WORKFLOWS) | {ep.name for ep in entry_points(group=WORKFLOW_GROUP)})
+    """Every name a task may give as its workflow: workflows and environments, built in or plugins."""
+    return sorted(set(_WORKFLOWS) | set(_ENVIRONMENTS) | {ep.name for ep in entry_points(group=WORKFLOW_GROUP)}
+                  | {ep.name for ep in entry_points(group=ENVIRONMENT_GROUP)})
 
 
 def reward_names() -> list[str]:
     return sorted(set(_REWARDS) | {ep.name for ep in entry_points(group=REWARD_GROUP)})
 
 
+def _plugin(group: str, name: str):
+    return next(iter(entry_points(group=group, name=name)), None)
+
+
 def _lookup(table: dict[str, Any], group: str, what: str, name: str) -> Any:
     if name in table:
         return table[name]
-    for ep in entry_points(group=group, name=name):
+    ep = _plugin(group, name)
+    if ep is not None:
         obj = ep.load()  # an import error in a plugin propagates: the caller reports it
         logger.info("loaded %s plugin %r from %s", what, name, ep.value)
         table[name] = obj

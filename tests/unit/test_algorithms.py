@@ -23,7 +23,7 @@ from streamrft.engines.algorithms import (
 T = torch.tensor
 # The entries this file has a hand-computed example for; a new registry entry must be added here (with its test).
 COVERED = {
-    "advantage": {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus"},
+    "advantage": {"grpo", "grpo_reward_to_go", "dr_grpo", "rloo", "reinforce_plus_plus"},
     "loss": {"ppo_clip", "decoupled_ppo", "gspo", "sft"},
     "kl": {"k1", "k2", "k3"},
     "agg": {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},
@@ -42,6 +42,23 @@ def test_grpo_group_mean_and_unbiased_std():
     mask = T([[1, 1], [1, 0], [1, 1], [1, 1], [1, 1], [1, 1]], dtype=torch.float32)
     adv = ADVANTAGES.get("grpo")(rewards, mask, ["a", "a", "a", "b", "b", "c"])
     close(adv, [[1.154701, 1.154701], [-0.577350, 0], [-0.577350, -0.577350], [0, 0], [0, 0], [0, 0]], atol=1e-4)
+
+
+def test_grpo_reward_to_go_credits_each_turn_with_the_rewards_from_it_on():
+    # Two episodes of one group, model turns at tokens 0-1 and 3-4 (token 2 is the environment's, mask 0).
+    # Episode 0: outcome 1, turn rewards 0.5 (end of turn 1) and 0.25 (end of turn 2): score 1.75; episode 1: 0.
+    # Baseline: mean 0.875, unbiased std sqrt((0.875² + 0.875²) / 1) = 1.237437.
+    # Episode 0, turn 1 still collects 1 + 0.5 + 0.25 = 1.75 -> 0.875 / 1.237437 = 0.707107;
+    #            turn 2 collects 1 + 0.25 = 1.25 -> 0.375 / 1.237437 = 0.303046.
+    # Episode 1 collects 0 everywhere -> -0.707107; the environment's token stays 0.
+    mask = T([[1, 1, 0, 1, 1], [1, 1, 0, 1, 1]], dtype=torch.float32)
+    token_rewards = T([[0, 0.5, 0, 0, 0.25], [0, 0, 0, 0, 0]])
+    adv = ADVANTAGES.get("grpo_reward_to_go")(T([1.0, 0.0]), mask, ["g", "g"], token_rewards=token_rewards,
+                                              epsilon=0.0)
+    close(adv, [[0.707107, 0.707107, 0, 0.303046, 0.303046], [-0.707107, -0.707107, 0, -0.707107, -0.707107]])
+    # without turn rewards it is grpo
+    plain = ADVANTAGES.get("grpo_reward_to_go")(T([1.0, 0.0]), mask, ["g", "g"])
+    torch.testing.assert_close(plain, ADVANTAGES.get("grpo")(T([1.0, 0.0]), mask, ["g", "g"]))
 
 
 def test_dr_grpo_no_std():

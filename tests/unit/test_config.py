@@ -1,6 +1,8 @@
 """Configuration: defaults, environment overrides, and errors that name the key, the value and the fix."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -194,7 +196,7 @@ ALGORITHM_VALUES = {
     "advantage": "reinforce_plus_plus", "advantage_params": {"gamma": 0.9}, "policy_loss": "gspo", "clip_low": 0.1,
     "clip_high": 0.3, "loss_agg": "seq-mean-token-sum", "entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k2",
     "kl_penalty_coef": 0.02, "kl_penalty_estimator": "k3", "recompute_old_logprobs": False, "tis": True,
-    "tis_cap": 3.0,
+    "tis_cap": 3.0, "mask_truncated": True,
 }
 
 
@@ -274,3 +276,19 @@ def test_a_topic_override_keeps_that_topics_other_defaults():
                          env={})
     assert config.topics.sync.replication_factor == 3 and config.topics.sync.cleanup_policy == "compact,delete"
     assert config.topics.rollouts.partitions == 16 and config.topics.rollouts.retention_ms == 1
+
+
+@pytest.mark.parametrize("example", sorted(Path(__file__).parents[2].joinpath("examples").glob("*.yaml")),
+                         ids=lambda path: path.name)
+def test_every_example_loads_and_its_task_files_become_tasks_of_known_workflows(example: Path, monkeypatch):
+    from streamrft.engines.workflows import get_workflow_class
+    from streamrft.producers.task_files import FieldMapping, Rejected, read_tasks
+
+    monkeypatch.chdir(example.parents[1])  # the examples name their files from the repository root
+    config = load_config(example, env={})
+    files = [*config.launch.task_files, *config.explorer.eval_tasksets]
+    assert files
+    for task_file in files:
+        tasks = list(read_tasks(task_file.path, FieldMapping.from_task_file(task_file)))
+        assert tasks and not [t for t in tasks if isinstance(t, Rejected)]
+        assert get_workflow_class(task_file.workflow) is not None

@@ -277,15 +277,19 @@ def test_guess_number_gives_up_after_max_turns_and_counts_invalid() -> None:
     engine = guesser("90", "lots", "80")
     (s,) = run_workflow(task("guess_number", {"target": 5, "max_turns": 3}), engine, 1)
     assert s.reward == 0.0 and not s.correct
-    assert s.metrics == {"turns": 3.0, "invalid_guesses": 1.0, "response_length": float(s.response_length)}
+    # the model's tokens: "90", "lots", "80", each with its <|im_end|>
+    assert s.metrics == {"turns": 3.0, "turns_cut": 0.0, "invalid_guesses": 1.0, "model_tokens": 11.0,
+                         "response_length": float(s.response_length)}
+    assert not s.truncated and s.info == {"finish": "done", "found": "false"}  # the game's own end, not a cut
     assert "user: Please reply with a whole number." in s.response_text
     assert s.response_text.count("user: Lower.") == 1 and s.action_mask[-1] == 1
 
 
-def test_guess_number_truncated_turn_is_closed_by_the_environment() -> None:
+def test_guess_number_turn_cut_at_max_tokens_is_closed_by_the_environment() -> None:
     engine = guesser("123456", "5")
     (s,) = run_workflow(task("guess_number", {"target": 5}), engine, 1, SamplingParams(max_tokens=3))
-    assert s.truncated and s.correct
+    assert s.correct and s.metrics["turns_cut"] == 1.0
+    assert not s.truncated  # the episode itself ended by the game's rule: its reward is a real outcome
     response = engine.decode(s.tokens[s.prompt_length :], skip_special_tokens=False)
     assert response.startswith("123<|im_end|>\n<|im_start|>user\n")  # closed by the env (mask 0)
     assert s.action_mask[:4] == [1, 1, 1, 0]
