@@ -4,7 +4,7 @@ Each pass of ``run``, read as numbered steps:
 1. while fewer than ``max_inflight_steps`` steps are in flight and the staleness bound and the trainer's
    backlog allow it (``streamrft.pacing``): take ``batch_size`` tasks from the current block of ``tasks``
    (reading and ordering a new block if needed) and publish the step — in ONE transaction: a RolloutRequest per
-   task, the explorer's state record on ``sync`` and the ``tasks`` offsets, so a task is either still in the
+   task, the explorer's state record on ``control`` and the ``tasks`` offsets, so a task is either still in the
    topic, in the state record, or published, never lost or doubled;
 2. collect ``results`` for every step and eval round in flight, re-publishing failed tasks that have retries
    left;
@@ -15,12 +15,12 @@ Each pass of ``run``, read as numbered steps:
    eval rounds are collected beside the training steps and report their metrics when complete.
 
 Every transaction of the explorer writes its state record, because every one commits the ``tasks`` offsets:
-the record and the offsets always agree. Its whole state lives in topics: the state record on ``sync``
+the record and the offsets always agree. Its whole state lives in topics: the state record on ``control``
 (compacted), which references the pending tasks by partition and offset (never embeds them, so it stays small
 whatever the prompts) and lists the rounds in flight by request id, and the committed ``tasks`` offsets. A
 restart collects the rounds in flight from where their results begin. Tasks and results are checked where they
 are read (``streamrft.validation``); a bad one goes to its DLQ once and the explorer goes on. The explorer also
-owns the dead letters of ``sync``.
+owns the dead letters of ``sync`` and ``control``.
 """
 from __future__ import annotations
 
@@ -460,7 +460,7 @@ class Explorer:
 
         def produce(producer: RecordProducer) -> None:
             if missing:
-                producer.produce(self.config.topic("sync"), SyncSignal(kind=SyncKind.CANCEL_STEP,
+                producer.produce(self.config.topic("control"), SyncSignal(kind=SyncKind.CANCEL_STEP,
                                                                        version=outstanding.step, source=self.source))
             self.metrics.publish(outstanding.step, metrics)
             for round_ in evals:
@@ -526,7 +526,7 @@ class Explorer:
 
     def _produce_state(self, producer: RecordProducer) -> None:
         self.state.in_flight = [round_.entry() for round_ in (*self.window, *self.evals)]
-        producer.produce(self.config.topic("sync"), SyncSignal(
+        producer.produce(self.config.topic("control"), SyncSignal(
             kind=SyncKind.EXPLORER_STATE, version=self.state.next_step, source=self.source,
             state=self.state.to_json()))
 

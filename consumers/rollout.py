@@ -110,7 +110,7 @@ class RolloutWorker:
         self.worker_id = worker_id or default_worker_id()
         self.runtime = RoleRuntime(
             config, clients, stop, role="rollout", source=self.worker_id,
-            transactional_id=f"{config.name}.{self.worker_id}",
+            transactional_id=f"{config.name}.rollout.{self.worker_id}",  # one ACL prefix for every worker
             # A killed worker's open transaction blocks read_committed readers until it times out.
             producer_extra={"transaction.timeout.ms": self.settings.transaction_timeout_ms})
         self.sync = self.runtime.sync

@@ -205,7 +205,7 @@ class ServeRole:
         self.server_id = server_id or f"serve-{uuid.uuid4().hex[:8]}"
         self.model_name = self.settings.model_name or config.name
         self.runtime = RoleRuntime(config, clients, stop, role="serve", source=self.server_id,
-                                   transactional_id=f"{config.name}.{self.server_id}")
+                                   transactional_id=f"{config.name}.serve.{self.server_id}")
         self.sync = self.runtime.sync
         self.engine = engine or build_engine(config)
         if engine is None:

@@ -168,7 +168,7 @@ class Trainer:
             raise ConfigError(f"--group {self.name!r}: use letters, digits, '-' and '_', and not another role's name")
         self.primary = self.name == PRIMARY
         self.source = PRIMARY if self.primary else f"{PRIMARY}-{self.name}"
-        self.group_id = config.group(self.name)
+        self.group_id = config.group(self.source)  # <run>.trainer, <run>.trainer-<group>: one ACL prefix
         self.topic = config.topic("experiences")
         self.replay = parse_replay_from(replay_from) if isinstance(replay_from, str) else replay_from
         ckpt_dir = config.checkpoint_dir

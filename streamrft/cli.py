@@ -17,6 +17,7 @@ logger = logging.getLogger(__name__)
 COMMAND_MODULES = (
     "broker",
     "topics",
+    "acls",
     "tasks",
     "tail",
     "model",

@@ -11,3 +11,12 @@ class ConfigError(StreamrftError):
 
 class BrokerError(StreamrftError):
     """The embedded broker could not be set up, started or reached."""
+
+
+class AuthorizationError(StreamrftError):
+    """Kafka refused this principal an operation on a resource (its ACLs do not allow it). The message names
+    the principal, the operation, the resource and the ACL that would allow it."""
+
+
+class AuthenticationError(StreamrftError):
+    """Kafka refused the configured credentials (the message never contains the secret)."""

@@ -1,9 +1,11 @@
-"""Reading the ``sync`` topic: the latest published weights, the explorer's state, cancelled steps.
+"""Reading the run's signal topics: ``sync`` (the trainer's: published weights, sync requests, the collective
+group) and ``control`` (the explorer's: its state, cancelled steps).
 
-Every role keeps one ``SyncView``; it reads the whole (compacted) topic from the beginning at start and then
-follows it, so its picture is rebuilt from the topic alone — no local state, no RPC. Every signal is checked
-where it is read (``streamrft.validation.check_sync``); a bad one is skipped by every role and dead-lettered by
-one of them, the explorer (``dead_letters=True``), so the DLQ holds it once.
+Every role keeps one ``SyncView``; it reads both (compacted) topics from the beginning at start and then follows
+them, so its picture is rebuilt from the topics alone — no local state, no RPC. Every signal is checked where
+it is read (``streamrft.validation.check_sync`` / ``check_control``, which also refuse a kind on the other
+writer's topic); a bad one is skipped by every role and dead-lettered by one of them, the explorer
+(``dead_letters=True``), so the DLQ holds it once.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from functools import partial
 
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import SyncKind, SyncSignal
-from streamrft.validation import ExplorerState, check_sync
+from streamrft.validation import ExplorerState, check_control, check_sync
 
 logger = logging.getLogger(__name__)
 
@@ -35,18 +37,24 @@ def supersedes(current: SyncSignal | None, incoming: SyncSignal) -> bool:
 
 
 class SyncView:
-    """Follows the run's ``sync`` topic (group-less, nothing committed)."""
+    """Follows the run's ``sync`` and ``control`` topics (group-less, nothing committed)."""
 
     def __init__(self, clients: KafkaClients, client_id: str, *, dead_letters: bool = False):
         config = clients.config
         self.topic = config.topic("sync")
-        # partition EOF events tell when the history is read (end offsets would count transaction markers)
-        self._consumer = clients.consumer([self.topic], SyncSignal, group=f"{config.name}.sync-view",
-                                          client_id=client_id, subscribe=False, dead_letters=dead_letters,
-                                          check=partial(check_sync, weights_method=config.trainer.weights.method,
-                                                        weights_url=config.weights_url),
-                                          extra={"enable.partition.eof": True})
-        self._consumer.assign(clients.offsets(self.topic, "start"))
+        checks = {"sync": partial(check_sync, weights_method=config.trainer.weights.method,
+                                  weights_url=config.weights_url),
+                  "control": check_control}
+        self._consumers = []
+        for name, check in checks.items():
+            topic = config.topic(name)
+            # partition EOF events tell when the history is read (end offsets would count transaction markers)
+            consumer = clients.consumer([topic], SyncSignal, group=f"{config.name}.sync-view",
+                                        client_id=f"{client_id}-{name}", subscribe=False,
+                                        dead_letters=dead_letters, check=check,
+                                        extra={"enable.partition.eof": True})
+            consumer.assign(clients.offsets(topic, "start"))
+            self._consumers.append(consumer)
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()
         self._cancels: set[int] = set()  # CANCEL_STEP versions not yet known to be valid or superseded
@@ -89,17 +97,18 @@ class SyncView:
 
     @property
     def rejected(self) -> int:
-        return self._consumer.rejected
+        return sum(consumer.rejected for consumer in self._consumers)
 
     def poll(self, timeout: float = 0.0) -> list[SyncSignal]:
         """Apply new signals; returns them. ``caught_up`` turns true once the history at start is read."""
         signals = []
-        for item in self._consumer.poll(max_records=500, timeout=timeout):
-            self._apply(item.record)
-            if item.record is self.weights or item.record is self.collective_ready:
-                self.where[item.record.kind] = (item.partition, item.offset)
-            signals.append(item.record)
-        if not self.caught_up and self._consumer.at_end():
+        for k, consumer in enumerate(self._consumers):
+            for item in consumer.poll(max_records=500, timeout=timeout if k == 0 else 0.0):
+                self._apply(item.record)
+                if item.record is self.weights or item.record is self.collective_ready:
+                    self.where[item.record.kind] = (item.partition, item.offset)
+                signals.append(item.record)
+        if not self.caught_up and all(consumer.at_end() for consumer in self._consumers):
             self.caught_up = True
         return signals
 
@@ -109,7 +118,8 @@ class SyncView:
         while not self.caught_up:
             self.poll(0.2)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {self.topic} to its end in {timeout:.0f}s; is the broker up?")
+                raise TimeoutError(f"could not read {self.topic} and its control topic to their end in "
+                                   f"{timeout:.0f}s; is the broker up?")
 
     def _apply(self, signal: SyncSignal) -> None:
         if signal.kind == SyncKind.WEIGHTS_PUBLISHED:
@@ -130,4 +140,5 @@ class SyncView:
                 self._cancels.add(signal.version)
 
     def close(self) -> None:
-        self._consumer.close()
+        for consumer in self._consumers:
+            consumer.close()

@@ -205,19 +205,37 @@ class ExplorerState:
                                "results_offsets, eval?}")
 
 
-def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_url: str | None = None) -> None:
-    """Versions in range, state JSON that parses, only the transport this run uses (``weights_method``:
-    ``object_store`` or ``collective``) and, for object-store weights, a sha256 and a URI that is exactly where
-    this run's store (``weights_url``) keeps that version of that lineage. A forged signal must not become the
-    roles' newest weights even for a moment: it would hide the real signal of the same version. What only the
-    bytes can tell (the manifest's own version, its sha256, the shards) the weight follower checks when it
-    loads."""
+# Who writes which signal, on which topic: the trainer's on ``sync``, the explorer's on ``control``. Each topic
+# has one writer principal on a secured cluster (``streamrft acls``), so a kind on the other topic is refused.
+TRAINER_SIGNALS = frozenset({SyncKind.WEIGHTS_PUBLISHED, SyncKind.SYNC_REQUEST, SyncKind.NCCL_READY})
+EXPLORER_SIGNALS = frozenset({SyncKind.EXPLORER_STATE, SyncKind.CANCEL_STEP})
+
+
+def _check_signal_kind(signal: SyncSignal, kinds: frozenset[SyncKind], topic: str) -> None:
+    if signal.kind not in kinds:
+        other = "control (the explorer's)" if topic == "sync" else "sync (the trainer's)"
+        _fail("wrong-topic", f"a {signal.kind.value} signal on {topic}: that kind belongs on {other}")
     _check_count(signal.version, f"{signal.kind.value} signal: version")
     if len(signal.state) > MAX_STATE_BYTES:
         _fail("oversized", f"{signal.kind.value} signal: state of {len(signal.state):,} characters")
+
+
+def check_control(signal: SyncSignal) -> None:
+    """An explorer signal (on ``control``): its kind, versions in range, explorer state that parses."""
+    _check_signal_kind(signal, EXPLORER_SIGNALS, "control")
     if signal.kind == SyncKind.EXPLORER_STATE:
         ExplorerState.from_json(signal.state)
-    elif signal.kind in (SyncKind.WEIGHTS_PUBLISHED, SyncKind.NCCL_READY) and weights_method is not None:
+
+
+def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_url: str | None = None) -> None:
+    """A trainer signal (on ``sync``): its kind, versions in range, only the transport this run uses
+    (``weights_method``: ``object_store`` or ``collective``) and, for object-store weights, a sha256 and a URI
+    that is exactly where this run's store (``weights_url``) keeps that version of that lineage. A forged signal
+    must not become the roles' newest weights even for a moment: it would hide the real signal of the same
+    version. What only the bytes can tell (the manifest's own version, its sha256, the shards) the weight
+    follower checks when it loads."""
+    _check_signal_kind(signal, TRAINER_SIGNALS, "sync")
+    if signal.kind in (SyncKind.WEIGHTS_PUBLISHED, SyncKind.NCCL_READY) and weights_method is not None:
         expected = "COLLECTIVE" if weights_method == "collective" else "OBJECT_STORE"
         if signal.kind == SyncKind.NCCL_READY and expected != "COLLECTIVE":
             _fail("wrong-transport", "NCCL_READY in a run whose trainer.weights.method is object_store")

@@ -5,29 +5,48 @@ import logging
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
+from pathlib import Path
+
 from .jars import ensure_jars
+from ..credentials import read_credential
+from .security import ADMIN_FILE, SECURITY_DIR
 from .server import EmbeddedBroker
 from .state import running_broker
 
 if TYPE_CHECKING:
     from ..config import RunConfig
+    from ..credentials import Credential
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EmbeddedBroker", "ensure_jars", "kafka_for", "running_broker"]
+__all__ = ["EmbeddedBroker", "admin_credential", "cluster_for", "ensure_jars", "kafka_for", "running_broker"]
 
 
 @contextmanager
 def kafka_for(config: "RunConfig") -> Iterator[str]:
-    """Bootstrap servers for a run, in order of preference: the configured cluster; a broker left running by
-    `streamrft broker start`; else an embedded broker that lives as long as the ``with`` block."""
+    """Bootstrap servers for a run (see :func:`cluster_for`)."""
+    with cluster_for(config) as on_cluster:
+        yield on_cluster.kafka.bootstrap_servers
+
+
+@contextmanager
+def cluster_for(config: "RunConfig") -> Iterator["RunConfig"]:
+    """``config`` pointed at its cluster, in order of preference: the configured cluster; a broker left running
+    by `streamrft broker start`; else an embedded broker that lives as long as the ``with`` block. An embedded
+    broker with security on is reached as its admin, unless the config names a principal of its own."""
     if not config.kafka.embedded:
-        yield config.kafka.bootstrap_servers
+        yield config
         return
     state = running_broker()
     if state is not None:
         logger.debug("using the broker started by `streamrft broker start` at %s", state.bootstrap_servers)
-        yield state.bootstrap_servers
+        yield config.on_cluster(state.bootstrap_servers, admin_credential(Path(state.data_dir)))
         return
     with EmbeddedBroker(config.broker) as broker:
-        yield broker.bootstrap_servers
+        yield config.on_cluster(broker.bootstrap_servers, broker.security.admin if broker.security else None)
+
+
+def admin_credential(data_dir: Path) -> "Credential | None":
+    """The admin of the broker whose data is in ``data_dir`` when it runs with security on, else None."""
+    path = data_dir / SECURITY_DIR / ADMIN_FILE
+    return read_credential(path) if path.exists() else None

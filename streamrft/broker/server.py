@@ -32,6 +32,7 @@ from pathlib import Path
 from ..config.kafka import EmbeddedBrokerConfig
 from ..errors import BrokerError
 from .jars import classpath, ensure_jars, find_java, kafka_home
+from .security import SECURITY_DIR, BrokerSecurity
 from .state import BrokerState
 
 logger = logging.getLogger(__name__)
@@ -46,11 +47,10 @@ SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@{host}:{controller_port}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners=PLAINTEXT://{host}:{port}
+listeners={listener}://{host}:{port},CONTROLLER://{host}:{controller_port}
+advertised.listeners={listener}://{host}:{port}
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name={listener}
 log.dirs={log_dir}
 num.partitions=1
 default.replication.factor=1
@@ -66,6 +66,7 @@ message.max.bytes=16777216
 replica.fetch.max.bytes=16777216
 auto.create.topics.enable=false
 """
+PLAINTEXT_LISTENERS = "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
 
 # Runs the JVM (exec keeps its pid) with a background subshell that blocks reading a pipe held by this Python
 # process. At EOF (we closed it, or we died) it SIGTERMs the JVM, SIGKILLs it after 30 s, and removes
@@ -138,6 +139,7 @@ class EmbeddedBroker:
         self._given_data_dir = Path(chosen).expanduser().resolve() if chosen else None
         self.keep_data = self.config.keep_data if keep_data is None else keep_data
         self.detached = detached
+        self.security: BrokerSecurity | None = None  # with broker.security on: users, TLS, the admin
         self.data_dir: Path | None = None
         self.cluster_id: str | None = None
         self.startup_s: float | None = None
@@ -182,6 +184,8 @@ class EmbeddedBroker:
         java = find_java()
         ensure_jars(self.config.kafka_version)
         self._prepare_data_dir()
+        if self.config.security != "none":
+            self.security = BrokerSecurity.prepare(self.config.security, self.data_dir, HOST)
         deadline = began + self.config.start_timeout_s
         atexit.register(self.stop)
         try:
@@ -253,7 +257,7 @@ class EmbeddedBroker:
             self.data_dir = self._given_data_dir
             self.data_dir.mkdir(parents=True, exist_ok=True)
             # stop() deletes the data dir (unless keep_data): never adopt a directory holding anything else
-            ours = {"kraft", "server.properties", "log4j2.properties", LOG_FILE, JVM_OUT, "classes.jsa"}
+            ours = {"kraft", "server.properties", "log4j2.properties", LOG_FILE, JVM_OUT, "classes.jsa", SECURITY_DIR}
             strangers = sorted(p.name for p in self.data_dir.iterdir() if p.name not in ours)
             if strangers:
                 self.data_dir = None
@@ -267,9 +271,14 @@ class EmbeddedBroker:
 
     def _write_config(self, port: int, controller_port: int) -> None:
         self._bootstrap = f"{HOST}:{port}"
-        (self.data_dir / "server.properties").write_text(SERVER_PROPERTIES.format(
-            host=HOST, port=port, controller_port=controller_port, log_dir=self.data_dir / "kraft",
-        ))
+        listener = "CLIENT" if self.security else "PLAINTEXT"
+        properties = SERVER_PROPERTIES.format(host=HOST, port=port, controller_port=controller_port,
+                                              log_dir=self.data_dir / "kraft", listener=listener)
+        properties += self.security.server_properties() if self.security else PLAINTEXT_LISTENERS
+        path = self.data_dir / "server.properties"
+        path.touch()
+        path.chmod(0o600)  # with security on it holds the admin's password
+        path.write_text(properties)
 
     def _format_storage(self, java) -> None:
         """Format once per data dir; a kept data dir keeps its cluster id (with a static voter set the
@@ -364,7 +373,8 @@ class EmbeddedBroker:
             except OSError:
                 time.sleep(0.05)
         logger.debug("port %d open %.2f s after launch", port, time.monotonic() - launched)
-        quiet = {"bootstrap.servers": self._bootstrap, "logger": _LibrdkafkaToDebug()}
+        quiet = {"bootstrap.servers": self._bootstrap, "logger": _LibrdkafkaToDebug(),
+                 **(self.security.client_properties() if self.security else {})}
         # 2. it answers metadata, as our cluster
         admin = AdminClient(dict(quiet))
         while True:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -12,6 +13,7 @@ from ..errors import BrokerError
 from ..kafka import KafkaClients
 
 console = Console(stderr=True)
+logger = logging.getLogger(__name__)
 
 
 def add_config_argument(parser: argparse.ArgumentParser, positional: bool = False) -> None:
@@ -31,18 +33,31 @@ def open_run(config: RunConfig, create_topics: bool = True, shared_broker: bool 
     """Kafka clients for the run on its cluster (the embedded broker when none is configured), with the
     run's topics created if missing. ``shared_broker``: a role process must meet the other roles on one
     cluster, so it never starts a private embedded broker."""
-    from ..broker import kafka_for, running_broker
+    from ..broker import cluster_for, running_broker
 
     if shared_broker and config.kafka.embedded and running_broker() is None:
         raise BrokerError(
             "this role needs the cluster the other roles use: set kafka.bootstrap_servers (or "
             "STREAMRFT_KAFKA__BOOTSTRAP_SERVERS), start a shared broker with `streamrft broker start`, or use "
             "`streamrft run CONFIG`, which starts everything")
-    with kafka_for(config) as bootstrap:
-        clients = KafkaClients(config, bootstrap)
+    with cluster_for(config) as on_cluster:
+        clients = KafkaClients(on_cluster, on_cluster.kafka.bootstrap_servers)
         try:
-            if create_topics:
+            if on_cluster.kafka.authenticated:
+                clients.check_credentials()
+                kafka = on_cluster.kafka
+                logger.info("connected to %s as User:%s (%s, %s)", kafka.bootstrap_servers, kafka.sasl_username,
+                            kafka.security_protocol, kafka.sasl_mechanism)
+            if create_topics and not _role_principal(on_cluster):
                 clients.ensure_topics()
             yield clients
         finally:
             clients.close()
+
+
+def _role_principal(config: RunConfig) -> bool:
+    """Whether the config's principal is one of a run's roles: those may not create topics (their ACLs allow
+    only their own work); the run's admin creates them (`streamrft run`, `streamrft topics --create`)."""
+    from ..acls import ROLES, principal_name
+
+    return config.kafka.sasl_username in {principal_name(config, role) for role in ROLES}

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
                             "8601 time (UTC unless a zone is given), or 'earliest', instead of the checkpoint / "
                             "committed offsets")
     train.add_argument("--group", metavar="NAME", default=None,
-                       help="train as consumer group <run>.NAME with checkpoints in <checkpoint_dir>-NAME: a "
+                       help="train as consumer group <run>.trainer-NAME with checkpoints in <checkpoint_dir>-NAME: a "
                             "second trainer on the same stream that leaves the main one (and the workers' weights) "
                             "alone")
     train.set_defaults(func=run_train)

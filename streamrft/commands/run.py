@@ -1,7 +1,8 @@
 """``streamrft run CONFIG``: the whole RL loop on this machine.
 
 1. start the embedded broker (its data under runs/<name>/kafka, kept for --resume) or use the configured
-   cluster;  2. create the run's topics;  3. produce the config's task files (not on --resume);
+   cluster;  2. create the run's topics, and with ``broker.security`` on a principal per role with its ACLs
+   (``streamrft.principals``);  3. produce the config's task files (not on --resume);
 4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process;
 5. show the live dashboard until the explorer and trainer finish; a role that dies stops the run with its
    traceback; Ctrl-C stops every role cleanly and leaves a run that `--resume` continues.
@@ -46,41 +47,76 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     run_dir = config.output_dir
-    with _cluster(config, run_dir, args.resume) as bootstrap:  # 1.
-        clients = KafkaClients(config, bootstrap)
+    with _cluster(config, run_dir, args.resume) as cluster:  # 1.
+        clients = KafkaClients(cluster.config, cluster.config.kafka.bootstrap_servers)
+        if cluster.config.kafka.authenticated:
+            clients.check_credentials()
         clients.ensure_topics()  # 2.
+        credentials = cluster.principals(clients)
         if args.resume:
             _check_resumable(clients)
         else:
             _produce_task_files(config, clients)  # 3.
-        processes = _role_processes(config, args, bootstrap, run_dir)  # 4.
+        processes = _role_processes(config, args, cluster.config.kafka.bootstrap_servers, run_dir, credentials)  # 4.
         try:
             return _supervise(config, clients, processes, run_dir, not args.no_dashboard)  # 5.
         finally:
             clients.close()
 
 
+class _Cluster:
+    """The run's cluster as the launcher uses it: its config (with the admin's principal on a secured embedded
+    broker), and the principals of the roles."""
+
+    def __init__(self, config: RunConfig, broker: EmbeddedBroker | None = None):
+        self.config = config
+        self.broker = broker
+
+    def principals(self, admin: KafkaClients) -> dict[str, Path]:
+        """role -> its credentials file, when the embedded broker runs with security on (users and ACLs
+        created now, or again on --resume); empty otherwise: the roles connect as this config says."""
+        if self.broker is None or self.broker.security is None:
+            return {}
+        from ..principals import provision
+
+        with console.status("creating a principal and its ACLs for each role"):
+            files = provision(admin, self.broker.security.credentials_dir)
+        console.print(f"each role has its own principal ({', '.join(sorted(files))}); credentials in "
+                      f"{self.broker.security.credentials_dir}")
+        return files
+
+    def __enter__(self) -> "_Cluster":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 def _cluster(config: RunConfig, run_dir: Path, resume: bool):
     if not config.kafka.embedded:
-        return nullcontext(config.kafka.bootstrap_servers)
+        return _Cluster(config)
     data_dir = run_dir / "kafka"
     if data_dir.exists() and not resume:
         raise StreamrftError(f"run {config.name!r} already exists ({run_dir}); continue it with --resume, or "
                              f"delete {run_dir} / set another `name` to start over")
     if resume and not data_dir.exists():
         raise StreamrftError(f"nothing to resume: {data_dir} does not exist; start the run without --resume")
-    return _BrokerBootstrap(EmbeddedBroker(config.broker, data_dir=data_dir, keep_data=True))
+    return _BrokerBootstrap(config, EmbeddedBroker(config.broker, data_dir=data_dir, keep_data=True))
 
 
 class _BrokerBootstrap:
-    def __init__(self, broker: EmbeddedBroker):
+    def __init__(self, config: RunConfig, broker: EmbeddedBroker):
+        self.config = config
         self.broker = broker
 
-    def __enter__(self) -> str:
+    def __enter__(self) -> _Cluster:
         with console.status("starting the embedded Kafka broker"):
             self.broker.start()
-        console.print(f"broker up at {self.broker.bootstrap_servers} (data in {self.broker.data_dir})")
-        return self.broker.bootstrap_servers
+        security = self.broker.security
+        console.print(f"broker up at {self.broker.bootstrap_servers} (data in {self.broker.data_dir}"
+                      f"{', security ' + security.mode if security else ''})")
+        admin = security.admin if security else None
+        return _Cluster(self.config.on_cluster(self.broker.bootstrap_servers, admin), self.broker)
 
     def __exit__(self, *exc) -> None:
         self.broker.stop()
@@ -124,19 +160,25 @@ def role_environment(bootstrap: str) -> dict[str, str]:
     return env
 
 
-def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path) -> list[RoleProcess]:
-    env = role_environment(bootstrap)
+def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path,
+                    credentials: dict[str, Path]) -> list[RoleProcess]:
     logs = run_dir / "logs"
-    processes = [RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env)]
+
+    def env(role: str, **extra: str) -> dict[str, str]:
+        """The role's environment; with per-role principals, its own credentials file (not the password)."""
+        principal = {"STREAMRFT_KAFKA__CREDENTIALS_FILE": str(credentials[role])} if role in credentials else {}
+        return {**role_environment(bootstrap), **principal, **extra}
+
+    processes = [RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer"))]
     if config.explorer.mode == "both":  # explore mode runs without a trainer
-        processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env))
-    processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env))
+        processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env("trainer")))
+    processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env("monitor")))
     workers = config.launch.rollout_workers if args.workers is None else args.workers
     base = config.launch.rollout_metrics_port_base
     for i in range(workers):
-        port = {"STREAMRFT_ROLLOUT__METRICS_PORT": str(base + i if base else 0)}
+        port = str(base + i if base else 0)
         processes.append(RoleProcess(f"rollout-{i}", ["rollout", args.config, "--worker-id", f"rollout-{i}"],
-                                     logs / f"rollout-{i}.log", {**env, **port}))
+                                     logs / f"rollout-{i}.log", env("rollout", STREAMRFT_ROLLOUT__METRICS_PORT=port)))
     for process in processes:
         process.start()
     console.print(f"started {', '.join(p.name for p in processes)}; logs in {logs}")

@@ -21,6 +21,9 @@ class KafkaConfig(Section):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_ca_location: str | None = None
+    # a credentials file (streamrft/credentials.py) instead of the four keys above: what `streamrft run` hands
+    # each role, so no password is in a config file or an environment
+    credentials_file: str | None = None
     # librdkafka properties passed through as-is; explicit settings above and the client layer's own
     # guarantees (acks, idempotence, isolation level) win over these.
     producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
@@ -30,6 +33,27 @@ class KafkaConfig(Section):
     @property
     def embedded(self) -> bool:
         return not self.bootstrap_servers.strip()
+
+    @property
+    def authenticated(self) -> bool:
+        return self.security_protocol.startswith("SASL")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_credentials_file(cls, data: Any) -> Any:
+        """The credentials file's principal and connection; explicit keys for the connection win, a username or
+        password given twice is an error."""
+        if not isinstance(data, dict) or not data.get("credentials_file"):
+            return data
+        from streamrft.credentials import read_credential
+
+        given = [key for key in ("sasl_username", "sasl_password") if data.get(key)]
+        if given:
+            raise ValueError(f"kafka.credentials_file and kafka.{given[0]} are both set; give the principal in one "
+                             "place")
+        settings = read_credential(data["credentials_file"]).kafka_settings()
+        return {**{k: v for k, v in settings.items() if v is not None},
+                **{k: v for k, v in data.items() if v is not None}}
 
     @model_validator(mode="after")
     def _sasl_complete(self) -> "KafkaConfig":
@@ -110,7 +134,9 @@ class TopicConfig(Section):
 
 
 # Per-topic defaults follow DESIGN.md: rollouts has enough partitions for many workers, experiences carry big
-# records, sync is compacted (latest signal per key) with time retention as well.
+# records, sync (the trainer's signals) and control (the explorer's) are compacted (latest signal per key) with
+# time retention as well. The two signal topics are apart so that ACLs can tell who may write which: only the
+# trainer publishes weights, only the explorer writes its state and cancels steps.
 _DAY_MS = 24 * 3600 * 1000
 
 
@@ -120,6 +146,7 @@ class TopicsConfig(Section):
     experiences: TopicConfig = TopicConfig(partitions=8, max_message_bytes=16 * 1024 * 1024)
     results: TopicConfig = TopicConfig(partitions=4)
     sync: TopicConfig = TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS)
+    control: TopicConfig = TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS)
     metrics: TopicConfig = TopicConfig(partitions=1)
     dlq: TopicConfig = TopicConfig(partitions=1, retention_ms=30 * _DAY_MS)
 
@@ -138,11 +165,11 @@ class TopicsConfig(Section):
             merged[name] = value
         return merged
 
-    @field_validator("sync")
+    @field_validator("sync", "control")
     @classmethod
-    def _sync_one_partition(cls, value: TopicConfig) -> TopicConfig:
+    def _signals_one_partition(cls, value: TopicConfig, info) -> TopicConfig:
         if value.partitions != 1:
-            raise ValueError("topics.sync.partitions must be 1: weight versions must be read in order")
+            raise ValueError(f"topics.{info.field_name}.partitions must be 1: its signals must be read in order")
         return value
 
 
@@ -150,6 +177,9 @@ class EmbeddedBrokerConfig(Section):
     """The single-node KRaft broker streamrft starts when ``kafka.bootstrap_servers`` is empty."""
 
     kafka_version: str = "4.1.1"
+    # none: PLAINTEXT, anyone on this machine may do anything; sasl_scram: SCRAM-SHA-512 users and ACLs (each role
+    # of `streamrft run` its own principal); sasl_scram_tls: the same over TLS (streamrft/broker/security.py)
+    security: Literal["none", "sasl_scram", "sasl_scram_tls"] = "none"
     data_dir: str | None = None  # None: a fresh temporary directory, deleted at stop
     keep_data: bool = False
     heap: str = "512m"

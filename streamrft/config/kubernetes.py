@@ -2,6 +2,8 @@
 the Prometheus operator for scraping). Only the renderer reads it; the roles never do."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from .base import Section
@@ -31,3 +33,7 @@ class KubernetesConfig(Section):
                                         "beyond them would get no partition; KEDA caps it there too)")
     rollout_lag_threshold: int = Field(default=4, ge=1,
                                        description="KEDA adds a worker per this many requests of lag on rollouts")
+    kafka_authentication: Literal["none", "scram-sha-512"] = Field(
+        default="none", description="scram-sha-512: a Strimzi KafkaUser per role with the ACLs of `streamrft acls`; "
+                                    "each role connects as its own user (password from the user's Secret)")
+    kafka_tls: bool = Field(default=False, description="the listener is TLS: the roles trust the Strimzi cluster CA")

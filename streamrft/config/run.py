@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -19,7 +19,10 @@ from .limits import LimitsConfig
 from .roles import (ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, ServeConfig,
                     TrainerConfig)
 
-TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "metrics")
+if TYPE_CHECKING:
+    from streamrft.credentials import Credential
+
+TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "control", "metrics")
 
 
 class RunConfig(Section):
@@ -85,6 +88,11 @@ class RunConfig(Section):
         if explorer.eval_on_start and not explorer.eval_tasksets:
             raise ValueError("explorer.eval_on_start is set but explorer.eval_tasksets is empty; add a taskset "
                              "or remove eval_on_start")
+        secured = self.kafka.authenticated or (self.kafka.embedded and self.broker.security != "none")
+        if secured and "." in self.name:
+            raise ValueError(f"name {self.name!r}: on a secured cluster a run's name has no '.', or the prefixed "
+                             f"ACLs of run 'a' (rft.a., a.trainer...) would also match a run named 'a.b'; use '-' "
+                             "or '_' instead")
         return self
 
     @property
@@ -130,7 +138,7 @@ class RunConfig(Section):
         return f"{source_topic}.dlq"
 
     def topic_layouts(self) -> dict[str, TopicConfig]:
-        """Every topic of the run (full name -> layout): the six data topics and their dead-letter topics."""
+        """Every topic of the run (full name -> layout): the seven data topics and their dead-letter topics."""
         out = {}
         for name in TOPIC_NAMES:
             out[self.topic(name)] = getattr(self.topics, name)
@@ -140,6 +148,14 @@ class RunConfig(Section):
     def group(self, role: str) -> str:
         """Consumer group id of a role, e.g. ``<run>.trainer``."""
         return f"{self.name}.{role}"
+
+    def on_cluster(self, bootstrap: str, credential: "Credential | None" = None) -> "RunConfig":
+        """This config pointed at ``bootstrap``; with ``credential`` (a secured embedded broker's admin) as its
+        principal unless it names one of its own."""
+        kafka = {**self.kafka.model_dump(), "bootstrap_servers": bootstrap}
+        if credential is not None and not self.kafka.sasl_username:
+            kafka.update(credential.kafka_settings(), credentials_file=None)
+        return self.model_copy(update={"kafka": KafkaConfig.model_validate(kafka)})
 
 
 def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:

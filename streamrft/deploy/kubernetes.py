@@ -11,7 +11,11 @@ What a run gets (``kubernetes`` section of the config for the cluster-side names
 * the rollout workers as a Deployment scaled by a KEDA ``ScaledObject`` on the ``<run>.rollout`` group's lag on
   ``rollouts`` (``lagThreshold`` = ``kubernetes.rollout_lag_threshold``; at most the topic's partitions, since a
   worker beyond them gets no partition);
-* a Service and a ``ServiceMonitor`` per role for the Prometheus operator, on the role's ``metrics_port``.
+* a Service and a ``ServiceMonitor`` per role for the Prometheus operator, on the role's ``metrics_port``;
+* with ``kafka_authentication: scram-sha-512``, a Strimzi ``KafkaUser`` per role (``<run>.<role>``, SCRAM, the
+  ACLs of ``streamrft acls``): each role connects as its own user, its password from the Secret the User Operator
+  writes, and KEDA reads the rollout group's lag as the rollout user (a ``TriggerAuthentication``). With
+  ``kafka_tls`` the roles trust the Strimzi cluster CA (``<cluster>-cluster-ca-cert``).
 
 Files the roles share -- the model cache, checkpoints, and weights published through a ``file://`` URL -- live on
 the ReadWriteMany claim ``kubernetes.shared_volume_claim`` mounted at ``/shared``; a config that puts them
@@ -19,8 +23,10 @@ anywhere else is refused with what to change (a pod's own disk is gone when it m
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from ..acls import principal_name, role_acls
 from ..config import RunConfig
 from ..errors import ConfigError
 
@@ -29,6 +35,8 @@ CONFIG_PATH = "/config/run.yaml"
 STRIMZI = "kafka.strimzi.io/v1beta2"
 # role (also the name of its config section) -> the streamrft command that runs it
 ROLES = {"explorer": "explorer", "rollout": "rollout", "trainer": "train", "monitor": "monitor"}
+# the roles that get a KafkaUser: the deployed ones, task producers, and a read-only viewer (Kafka UI)
+ACL_ROLES = ("explorer", "rollout", "trainer", "monitor", "tasks", "viewer")
 
 
 def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
@@ -43,6 +51,9 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
         out.append(_workload(config, role))
         if _metrics_port(config, role) is not None:
             out += [_service(config, role), _service_monitor(config, role)]
+    if _authenticated(config):
+        out += [_kafka_user(config, role) for role in ACL_ROLES]
+        out.append(_trigger_authentication(config))
     out.append(_scaled_object(config))
     for manifest in out:
         manifest["metadata"].setdefault("namespace", k8s.namespace)
@@ -65,6 +76,9 @@ def check_deployable(config: RunConfig) -> None:
     if gpus and nproc != gpus:
         problems.append(f"trainer.nproc is {nproc} but kubernetes.trainer_gpus is {gpus}: the trainer pod runs one "
                         "rank per GPU; set them equal")
+    if _authenticated(config) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", config.name):
+        problems.append(f"name {config.name!r}: with kafka_authentication each role's KafkaUser is named "
+                        "<name>.<role>, a Kubernetes name: use lowercase letters, digits and '-'")
     if config.kafka.sasl_password is not None or config.schema_registry.basic_auth_user_info is not None:
         problems.append("the config file holds a secret: move it to the Secret named by kubernetes.secret "
                         "(STREAMRFT_KAFKA__SASL_PASSWORD, STREAMRFT_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO)")
@@ -105,12 +119,23 @@ def bootstrap_servers(config: RunConfig) -> str:
     return f"{k8s.kafka_cluster}-kafka-bootstrap:{k8s.kafka_listener_port}"
 
 
-def _environment(config: RunConfig) -> list[dict[str, Any]]:
+def _environment(config: RunConfig, role: str | None = None) -> list[dict[str, Any]]:
+    """The environment of ``role``'s containers; with authentication, its own user and password."""
     env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": bootstrap_servers(config),
            "STREAMRFT_METRICS_HOST": "0.0.0.0",  # scraped from other pods
            "STREAMRFT_CACHE_DIR": f"{SHARED}/cache",
            "OMP_WAIT_POLICY": "PASSIVE"}
-    return [{"name": key, "value": value} for key, value in env.items()]
+    secret = []
+    if role is not None and _authenticated(config):
+        user = principal_name(config, role)
+        env.update({"STREAMRFT_KAFKA__SECURITY_PROTOCOL": "SASL_SSL" if config.kubernetes.kafka_tls
+                    else "SASL_PLAINTEXT", "STREAMRFT_KAFKA__SASL_MECHANISM": "SCRAM-SHA-512",
+                    "STREAMRFT_KAFKA__SASL_USERNAME": user})
+        secret = [{"name": "STREAMRFT_KAFKA__SASL_PASSWORD",
+                   "valueFrom": {"secretKeyRef": {"name": user, "key": "password"}}}]
+        if config.kubernetes.kafka_tls:
+            env["STREAMRFT_KAFKA__SSL_CA_LOCATION"] = f"{KAFKA_CA}/ca.crt"
+    return [{"name": key, "value": value} for key, value in env.items()] + secret
 
 
 def _metrics_port(config: RunConfig, role: str) -> int | None:
@@ -121,10 +146,12 @@ def _container(config: RunConfig, role: str) -> dict[str, Any]:
     k8s = config.kubernetes
     container: dict[str, Any] = {
         "name": role, "image": k8s.image, "command": ["streamrft", ROLES[role], CONFIG_PATH],
-        "env": _environment(config),
+        "env": _environment(config, role),
         "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True},
                          {"name": "shared", "mountPath": SHARED}],
     }
+    if _authenticated(config) and k8s.kafka_tls:
+        container["volumeMounts"].append({"name": "kafka-ca", "mountPath": KAFKA_CA, "readOnly": True})
     if k8s.secret is not None:
         container["envFrom"] = [{"secretRef": {"name": k8s.secret}}]
     port = _metrics_port(config, role)
@@ -145,6 +172,8 @@ def _pod(config: RunConfig, role: str, restart: str) -> dict[str, Any]:
         "volumes": [{"name": "config", "configMap": {"name": resource_name(config, "config")}},
                     {"name": "shared", "persistentVolumeClaim": {"claimName": config.kubernetes.shared_volume_claim}}],
     }
+    if _authenticated(config) and config.kubernetes.kafka_tls:
+        spec["volumes"].append({"name": "kafka-ca", "secret": {"secretName": _cluster_ca(config)}})
     if role in ("rollout", "trainer") and not config.model.path.startswith("/"):
         spec["initContainers"] = [{  # the model into the shared cache once; a no-op when it is there
             "name": "model", "image": config.kubernetes.image,
@@ -190,11 +219,63 @@ def _scaled_object(config: RunConfig) -> dict[str, Any]:
                 "scaleTargetRef": {"name": resource_name(config, "rollout")},
                 "minReplicaCount": k8s.rollout_min_replicas,
                 "maxReplicaCount": k8s.rollout_max_replicas or config.topics.rollouts.partitions,
-                "triggers": [{"type": "kafka", "metadata": {
-                    "bootstrapServers": bootstrap_servers(config),
-                    "consumerGroup": config.group("rollout"),
-                    "topic": config.topic("rollouts"),
-                    "lagThreshold": str(k8s.rollout_lag_threshold),
-                    "offsetResetPolicy": "earliest",
-                    # KEDA's own cap is the partition count too; say so rather than rely on it
-                    "allowIdleConsumers": "false"}}]}}
+                "triggers": [_kafka_trigger(config)]}}
+
+
+def _kafka_trigger(config: RunConfig) -> dict[str, Any]:
+    k8s = config.kubernetes
+    metadata = {"bootstrapServers": bootstrap_servers(config),
+                "consumerGroup": config.group("rollout"),
+                "topic": config.topic("rollouts"),
+                "lagThreshold": str(k8s.rollout_lag_threshold),
+                "offsetResetPolicy": "earliest",
+                # KEDA's own cap is the partition count too; say so rather than rely on it
+                "allowIdleConsumers": "false"}
+    trigger: dict[str, Any] = {"type": "kafka", "metadata": metadata}
+    if _authenticated(config):
+        metadata.update(sasl="scram_sha512", tls="enable" if k8s.kafka_tls else "disable")
+        trigger["authenticationRef"] = {"name": resource_name(config, "rollout-kafka")}
+    return trigger
+
+
+# -- authentication: a KafkaUser per role ----------------------------------------------------------------------
+KAFKA_CA = "/kafka-ca"
+# streamrft.acls names -> Strimzi's
+_STRIMZI_RESOURCE = {"topic": "topic", "group": "group", "transactional_id": "transactionalId"}
+_STRIMZI_PATTERN = {"literal": "literal", "prefixed": "prefix"}
+_STRIMZI_OPERATION = {"read": "Read", "write": "Write", "describe": "Describe", "describe_configs": "DescribeConfigs"}
+
+
+def _authenticated(config: RunConfig) -> bool:
+    return config.kubernetes.kafka_authentication != "none"
+
+
+def _cluster_ca(config: RunConfig) -> str:
+    return f"{config.kubernetes.kafka_cluster}-cluster-ca-cert"
+
+
+def _kafka_user(config: RunConfig, role: str) -> dict[str, Any]:
+    """``role``'s Strimzi KafkaUser: SCRAM-SHA-512 (the User Operator writes its password to a Secret of the same
+    name) and exactly the ACLs of ``streamrft acls``."""
+    acls = [{"resource": {"type": _STRIMZI_RESOURCE[acl.resource], "name": acl.name,
+                          "patternType": _STRIMZI_PATTERN[acl.pattern]},
+             "operations": [_STRIMZI_OPERATION[acl.operation]], "host": "*"}
+            for acl in role_acls(config, role)]
+    return {"apiVersion": STRIMZI, "kind": "KafkaUser",
+            "metadata": {"name": principal_name(config, role),
+                         "labels": {**_labels(config, role), "strimzi.io/cluster": config.kubernetes.kafka_cluster}},
+            "spec": {"authentication": {"type": "scram-sha-512"},
+                     "authorization": {"type": "simple", "acls": acls}}}
+
+
+def _trigger_authentication(config: RunConfig) -> dict[str, Any]:
+    """KEDA reads the rollout group's lag as the rollout user: the name from the workers' environment, the
+    password (and the CA) from Secrets."""
+    secrets = [{"parameter": "password", "name": principal_name(config, "rollout"), "key": "password"}]
+    if config.kubernetes.kafka_tls:
+        secrets.append({"parameter": "ca", "name": _cluster_ca(config), "key": "ca.crt"})
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
+            "metadata": {"name": resource_name(config, "rollout-kafka"), "labels": _labels(config, "rollout")},
+            "spec": {"env": [{"parameter": "username", "name": "STREAMRFT_KAFKA__SASL_USERNAME",
+                              "containerName": "rollout"}],
+                     "secretTargetRef": secrets}}

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from streamrft.schemas import Record
-from ..config import RunConfig
+from ..config import KafkaConfig, RunConfig
 from .admin import committed_offsets, describe_run, ensure_topics, group_lag, run_topics, watermarks
+from .authorization import authentication_failed, is_authentication_failure, is_refusal, refusal_for
 from .consumer import Check, Delivered, RecordConsumer
 from .reader import read_to_end
 from .dlq import DeadLetter, DeadLetterLedger, dead_letter, dlq_topic_of
@@ -33,6 +35,35 @@ __all__ = [
 ]
 
 
+def check_credentials(kafka: KafkaConfig, bootstrap: str, timeout: float = 20.0, settle_s: float = 0.0) -> None:
+    """Connect with ``kafka``'s credentials; AuthenticationError (without the secret) when they are refused.
+    librdkafka reports the refusal on its error callback, while the metadata request itself only fails as a
+    transport error. ``settle_s``: refusals in the first seconds are tried again (users just created reach the
+    broker's credential cache a moment after the admin API returns)."""
+    refused: list[KafkaError] = []
+
+    def on_error(error: KafkaError) -> None:
+        if is_authentication_failure(error):
+            refused.append(error)
+
+    admin = AdminClient({**admin_props(kafka, bootstrap), "error_cb": on_error})
+    started = time.monotonic()
+    deadline = started + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=max(0.5, min(2.0, deadline - time.monotonic())))
+            return
+        except KafkaException as exc:
+            admin.poll(0.1)  # serves the error callback
+            error = refused[0] if refused else exc.args[0]
+            settling = time.monotonic() - started < settle_s
+            if is_authentication_failure(error) and not settling:
+                raise authentication_failed(kafka, error) from None
+            if time.monotonic() > deadline:
+                raise
+            refused.clear()
+
+
 class KafkaClients:
     """Factory of producers, consumers and admin clients for one run on one cluster."""
 
@@ -40,13 +71,19 @@ class KafkaClients:
         self.config = config
         self.bootstrap = bootstrap
         self.serde = Serde(config.schema_registry)
+        self.refuse = refusal_for(config)
         self._admin: AdminClient | None = None
         self._probe: Consumer | None = None
+
+    def check_credentials(self, timeout: float = 20.0) -> None:
+        """Fail at start, with a clear message, when the cluster refuses the configured credentials (a wrong
+        SASL password) rather than in the first poll of a role."""
+        check_credentials(self.config.kafka, self.bootstrap, timeout)
 
     def producer(self, transactional_id: str | None = None, client_id: str = "streamrft",
                  extra: dict | None = None) -> RecordProducer:
         props = producer_props(self.config.kafka, self.bootstrap, transactional_id, client_id) | (extra or {})
-        return RecordProducer(props, self.serde)
+        return RecordProducer(props, self.serde, self.refuse)
 
     def consumer(self, topics: list[str], record_type: type[Record], group: str, *, client_id: str = "streamrft",
                  read_committed: bool = True, subscribe: bool = True, auto_offset_reset: str = "earliest",
@@ -63,7 +100,7 @@ class KafkaClients:
             dlq = self.producer(client_id=f"{client_id}-dlq")
             ledger = self.dead_letter_ledger(group, *topics)
         return RecordConsumer(props, self.serde, topics, record_type, dlq, subscribe, check=check, ledger=ledger,
-                              max_record_bytes=max_record_bytes, on_dead_letter=on_dead_letter)
+                              max_record_bytes=max_record_bytes, on_dead_letter=on_dead_letter, refuse=self.refuse)
 
     def dead_letter_ledger(self, group: str, *topics: str) -> DeadLetterLedger:
         """What ``group`` already dead-lettered from ``topics``, read back from their DLQ topics."""
@@ -87,6 +124,8 @@ class KafkaClients:
     def offsets(self, topic: str, which: str = "end") -> dict[tuple[str, int], int]:
         """First (``which="start"``) or next-to-be-written (``"end"``) offset of every partition of ``topic``."""
         metadata = self.admin().list_topics(topic, timeout=10).topics.get(topic)
+        if metadata is not None and metadata.error is not None and is_refusal(metadata.error):
+            raise self.refuse(metadata.error, "describe", topic)
         if metadata is None or metadata.error is not None:
             raise KeyError(f"topic {topic} does not exist; create the run's topics first (streamrft topics --create)")
         index = 0 if which == "start" else 1
@@ -123,6 +162,8 @@ class KafkaClients:
             return group_lag(self.admin(), self.probe(), group, topic)
         except KafkaException as exc:
             error = exc.args[0]
+            if is_refusal(error):
+                raise self.refuse(error, "describe", group) from None
             if not (error.retriable() or error.code() in _UNANSWERED):
                 raise
             logger.warning("lag of %s on %s unknown for now: %s", group, topic, error.str())

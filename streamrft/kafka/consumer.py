@@ -5,7 +5,8 @@ A record is handed to the role only when its key is UTF-8 (or absent), its value
 allows, it decodes as the expected record type and it passes that type's check (``check``, see
 ``streamrft.validation``). Anything else goes to ``<topic>.dlq`` with the reason, stage and source coordinates
 — once per consumer group (:class:`DeadLetterLedger`), however often the record is read again — and its offset
-moves on with the rest: nothing a producer writes can stop a role."""
+moves on with the rest: nothing a producer writes can stop a role. What the principal may not read (its ACLs) is
+raised as an AuthorizationError naming the topic or group."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +16,7 @@ from typing import Callable, Generic, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streamrft.schemas import DecodeError, InvalidRecordError, Record
+from .authorization import Refusal, is_refusal
 from .dlq import DeadLetterLedger, dead_letter
 from .producer import RecordProducer
 from .serde import Serde
@@ -52,7 +54,7 @@ class RecordConsumer(Generic[R]):
     def __init__(self, props: dict, serde: Serde, topics: list[str], record_type: type[R],
                  dlq: RecordProducer | None = None, subscribe: bool = True, *, check: Check | None = None,
                  ledger: DeadLetterLedger | None = None, max_record_bytes: int | None = None,
-                 on_dead_letter: Callable[[str, str], None] | None = None):
+                 on_dead_letter: Callable[[str, str], None] | None = None, refuse: Refusal | None = None):
         """``dlq`` None: bad records are skipped and logged but not dead-lettered (another reader of the same
         records owns their dead letters, e.g. the explorer for ``sync``)."""
         self.serde = serde
@@ -64,6 +66,7 @@ class RecordConsumer(Generic[R]):
         self._ledger = ledger if ledger is not None else DeadLetterLedger(self.group_id)
         self._max_record_bytes = max_record_bytes
         self._on_dead_letter = on_dead_letter
+        self._refuse = refuse
         self._consumer = Consumer(props)
         # (topic, partition) -> next offset to commit, for everything handed out (decoded or dead-lettered)
         self._pending: dict[tuple[str, int], int] = {}
@@ -76,6 +79,7 @@ class RecordConsumer(Generic[R]):
         # when they come back, so whatever was read from them and not committed is read again
         self._revoked: set[tuple[str, int]] = set()
         self.paused = False  # see pause(): also applied to partitions assigned while paused
+        self.subscribed = subscribe
         if subscribe:
             self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
                                      on_lost=self._on_revoke)
@@ -111,7 +115,7 @@ class RecordConsumer(Generic[R]):
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:
                     self.at_eof.add((msg.topic(), msg.partition()))
-                self._handle_error(error)
+                self._handle_error(error, msg.topic())
                 continue
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             self.at_eof.discard((topic, partition))
@@ -166,9 +170,16 @@ class RecordConsumer(Generic[R]):
             self._on_dead_letter(msg.topic(), exc.reason)
         return True
 
-    def _handle_error(self, error: KafkaError) -> None:
+    def _handle_error(self, error: KafkaError, topic: str | None = None) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             return
+        if self._refuse is not None and is_refusal(error):  # an ACL does not appear by polling again
+            if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                if not self.subscribed:  # librdkafka looks the coordinator up anyway; a reader by assign()
+                    logger.debug("consumer %s: %s (not needed: no group membership)", self.group_id, error.str())
+                    return  # never joins or commits, so it needs no ACL on its group
+                raise self._refuse(error, "read", self.group_id)
+            raise self._refuse(error, "read", topic or " or ".join(self.topics))
         if error.fatal():
             raise KafkaException(error)
         logger.warning("consumer %s: %s", self.group_id, error.str())

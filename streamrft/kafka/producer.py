@@ -1,12 +1,14 @@
 """Idempotent (optionally transactional) producer of records. Delivery errors are held, never swallowed, and
-raised at the next ``flush()``."""
+raised at the next ``flush()``; a write the principal's ACLs do not allow is raised as an AuthorizationError
+naming the topic."""
 from __future__ import annotations
 
 import logging
 
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from streamrft.schemas import Record
+from .authorization import Refusal, is_refusal
 from .dlq import DeadLetter
 from .retry import retrying
 from .serde import Serde
@@ -26,12 +28,16 @@ class DeliveryError(Exception):
 class RecordProducer:
     """Thin wrapper over ``confluent_kafka.Producer`` that speaks records (see ``Serde``)."""
 
-    def __init__(self, props: dict, serde: Serde):
+    def __init__(self, props: dict, serde: Serde, refuse: Refusal | None = None):
         self.serde = serde
         self.transactional = "transactional.id" in props
+        self.transactional_id = props.get("transactional.id")
+        self.refuse = refuse
         self._props = props
         self._producer = Producer(props)
         self._failures: list[str] = []
+        self._refused: list[tuple[KafkaError, str]] = []  # (error, topic) of writes the ACLs did not allow
+        self.topics_written: set[str] = set()  # since the last begin(): what a refused transaction wrote
         self._abandoned: list[Producer] = []  # stuck clients, kept referenced: destroying one would block too
 
     def reopen(self) -> None:
@@ -41,6 +47,7 @@ class RecordProducer:
         self._abandoned.append(self._producer)
         self._producer = Producer(self._props)
         self._failures = []
+        self._refused = []
 
     # -- producing ------------------------------------------------------------------------------------------
     def produce(self, topic: str, record: Record, key: str | None = None,
@@ -52,6 +59,7 @@ class RecordProducer:
     def produce_raw(self, topic: str, value: bytes | None, key: bytes | None,
                     headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
         kwargs = {"topic": topic, "value": value, "key": key, "headers": headers, "on_delivery": self._on_delivery}
+        self.topics_written.add(topic)
         if partition is not None:
             kwargs["partition"] = partition
         while True:
@@ -70,6 +78,8 @@ class RecordProducer:
     def _on_delivery(self, err: KafkaError | None, msg) -> None:
         # Only failures are reported (delivery.report.only.error): no Python call per delivered record.
         if err is not None:
+            if is_refusal(err):
+                self._refused.append((err, msg.topic()))
             key = msg.key().decode(errors="replace") if msg.key() else None
             self._failures.append(f"{msg.topic()}[{msg.partition()}] key={key}: {err.str()}")
 
@@ -81,12 +91,28 @@ class RecordProducer:
             raise DeliveryError([f"{remaining} record(s) still queued after {timeout:.0f}s; is the broker up?"])
 
     def raise_delivery_errors(self) -> None:
+        if self._refused and self.refuse is not None:
+            (error, topic), self._refused, self._failures = self._refused[0], [], []
+            raise self.refuse(error, "write", topic)
         if self._failures:
             failures, self._failures = self._failures, []
             raise DeliveryError(failures)
 
     def discard_delivery_errors(self) -> None:
         self._failures = []
+        self._refused = []
+
+    def refusal(self, error: KafkaError, consumer_group: str = ""):
+        """The AuthorizationError for ``error`` met in this producer's transaction, naming what it refused:
+        the transactional id, the consumer group of the offsets, or the topic(s) written (librdkafka does not
+        say which); None when it is no refusal or no refusal builder was given."""
+        if self.refuse is None or not is_refusal(error):
+            return None
+        if error.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+            return self.refuse(error, "write", self.transactional_id or "")
+        if error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            return self.refuse(error, "read", consumer_group)
+        return self.refuse(error, "write", " or ".join(sorted(self.topics_written)))
 
     def poll(self, timeout: float = 0.0) -> None:
         self._producer.poll(timeout)
@@ -97,7 +123,13 @@ class RecordProducer:
         return self._producer
 
     def init_transactions(self, timeout: float = 60.0) -> None:
-        retrying("init_transactions", self._producer.init_transactions, timeout, pause=0.5)
+        try:
+            retrying("init_transactions", self._producer.init_transactions, timeout, pause=0.5)
+        except KafkaException as exc:
+            refused = self.refusal(exc.args[0])
+            if refused is not None:
+                raise refused from None
+            raise
 
     def close(self, timeout: float = 30.0) -> None:
         """Deliver what is queued (non-transactional producers) and release the client."""

@@ -11,6 +11,8 @@ policy for every role:
   ``send_offsets_to_transaction`` can block for ever once the group coordinator moved, e.g. across a broker
   restart) is abandoned with its client: the producer is re-created with the same transactional.id, which
   fences the stuck one, and the same unit runs again on it;
+- an authorization error (the principal's ACLs do not allow a write, the transactional id or the group) is raised
+  at once as ``AuthorizationError``, naming the resource;
 - anything else is raised after the abort: :class:`FatalTransactionError` when the producer is unusable
   (fenced by a newer instance with the same transactional.id), :class:`TransactionFailed` when the deadline
   passed, or the caller's own exception. The role then stops; its state is in the topics, so a restart resumes.
@@ -82,6 +84,9 @@ class Transactor:
             except KafkaException as exc:
                 error: KafkaError = exc.args[0]
                 self._abort(f"{what}: {error.str()}")
+                refused = self.producer.refusal(error, self.consumer.group_id if self.consumer is not None else "")
+                if refused is not None:  # an ACL does not appear by trying again
+                    raise refused from exc
                 if error.fatal():
                     raise FatalTransactionError(
                         f"fatal transaction error while committing {what} ({error.name()}): {error.str()}; another "
@@ -103,6 +108,7 @@ class Transactor:
 
     def _attempt(self, produce: Callable[[RecordProducer], None], points: CommitPoints | None) -> None:
         raw = self.producer.raw
+        self.producer.topics_written.clear()
         raw.begin_transaction()
         produce(self.producer)
         if points is not None:

@@ -22,7 +22,7 @@ from streamrft.schemas import Experience, RolloutRequest, RolloutResult, Rollout
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
 
 
-def _write_run(tmp_path: Path, tiny_model_dir: Path, name: str, steps: int, tasks: int) -> Path:
+def _write_run(tmp_path: Path, tiny_model_dir: Path, name: str, steps: int, tasks: int, security: str = "none") -> Path:
     rows = [{"question": f"What is {i % 7} + {i % 5}?", "answer": i % 7 + i % 5} for i in range(tasks)]
     task_file = tmp_path / "tasks.jsonl"
     task_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -37,6 +37,7 @@ def _write_run(tmp_path: Path, tiny_model_dir: Path, name: str, steps: int, task
         "monitor": {"output_dir": str(tmp_path / "{name}"), "metrics_port": None, "tensorboard": False},
         "launch": {"rollout_workers": 1, "task_files": [{"path": str(task_file)}]},
         "topics": {"rollouts": {"partitions": 2}, "experiences": {"partitions": 2}},
+        "broker": {"security": security},
     }
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -44,7 +45,7 @@ def _write_run(tmp_path: Path, tiny_model_dir: Path, name: str, steps: int, task
 
 
 def _streamrft(*args: str, **kwargs) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRFT_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRFT_")} | {"COLUMNS": "400"}
     return subprocess.Popen([sys.executable, "-m", "streamrft.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
 
@@ -62,17 +63,27 @@ def _with_broker(config_path: Path, check):
 
     config = load_config(config_path, env={})
     with EmbeddedBroker(config.broker, data_dir=config.output_dir / "kafka", keep_data=True) as broker:
-        config = load_config(config_path, env={}, overrides={"kafka": {"bootstrap_servers": broker.bootstrap_servers}})
+        config = config.on_cluster(broker.bootstrap_servers, broker.security.admin if broker.security else None)
         check(config, broker.bootstrap_servers)
 
 
-def test_streamrft_run_completes_a_short_run(tmp_path, tiny_model_dir):
-    path = _write_run(tmp_path, tiny_model_dir, "e2e", steps=3, tasks=12)
+def test_streamrft_run_completes_a_short_run_with_a_principal_per_role(tmp_path, tiny_model_dir):
+    """The broker runs with SASL/SCRAM and the StandardAuthorizer: each role connects as its own principal with
+    only its ACLs, and the run completes that way (the resume test below runs without security)."""
+    path = _write_run(tmp_path, tiny_model_dir, "e2e", steps=3, tasks=12, security="sasl_scram")
     proc = _streamrft("run", str(path), "--no-dashboard", cwd=tmp_path)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-5000:]
 
     run_dir = tmp_path / "e2e"
+    assert "each role has its own principal" in output
+    for role, log in (("explorer", "explorer"), ("trainer", "trainer"), ("monitor", "monitor"),
+                      ("rollout", "rollout-0")):
+        text = " ".join((run_dir / "logs" / f"{log}.log").read_text().split())
+        assert f"as User:e2e.{role} (SASL_PLAINTEXT, SCRAM-SHA-512)" in text, (role, text[:3000])
+    credentials = run_dir / "kafka" / "security" / "credentials"
+    assert sorted(p.name for p in credentials.iterdir()) == sorted(
+        f"e2e.{role}.json" for role in ("tasks", "explorer", "rollout", "trainer", "monitor", "serve", "viewer"))
     steps = (run_dir / "steps.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in steps[1:]] == ["0", "1", "2"]
     png = (run_dir / "report.png").read_bytes()

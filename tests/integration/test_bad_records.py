@@ -66,9 +66,12 @@ def bad_records() -> dict[str, dict[str, tuple[bytes, bytes]]]:
                                       model_version=0, duration_ms=1, reward_mean=float("nan")),
                         RolloutResult(request_id="big", step=0, task_id="t", status=RolloutStatus.FAILED,
                                       n=0, model_version=0, duration_ms=1, error="e" * 100_000)),
-        "sync": same(SyncSignal(kind=SyncKind.CANCEL_STEP, version=10**9), metric,
-                     SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{not json"),
+        "sync": same(SyncSignal(kind=SyncKind.SYNC_REQUEST, version=10**9), metric,
+                     SyncSignal(kind=SyncKind.CANCEL_STEP, version=0),  # the explorer's kind, on the trainer's topic
                      SyncSignal(kind=SyncKind.NCCL_READY, version=0, state="x" * 300_000)),
+        "control": same(SyncSignal(kind=SyncKind.CANCEL_STEP, version=10**9), metric,
+                        SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{not json"),
+                        SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="x" * 300_000)),
         "metrics": same(metric, _task(), Metric(source="s", role="r", name="n", value=float("inf"), step=0),
                         Metric(source="s", role="r", name="n" * 10_000, value=1.0, step=0)),
     }
@@ -122,7 +125,7 @@ def test_no_bad_record_stops_a_role_and_each_is_dead_lettered_once(run_config, t
                 if topic != "results"}
     # a well-formed but absurd CANCEL_STEP: honoured, it would cancel every step and nothing would be trained
     absurd = clients.producer()
-    absurd.produce(config.topic("sync"), SyncSignal(kind=SyncKind.CANCEL_STEP, version=10**6, source="x"))
+    absurd.produce(config.topic("control"), SyncSignal(kind=SyncKind.CANCEL_STEP, version=10**6, source="x"))
     absurd.flush()
     produce_tasks(clients, config, [Task(task_id=f"q{i}", workflow="arithmetic",
                                          payload=json.dumps({"question": "1 + 1", "answer": "2"}))
@@ -162,7 +165,7 @@ def test_no_bad_record_stops_a_role_and_each_is_dead_lettered_once(run_config, t
         assert reasons["oversized"] == "oversized", (topic, reasons)
         assert reasons["non-utf8-key"] == "decode-error", reasons
 
-    # Restart every role: the explorer re-reads sync from the beginning, the trainer resumes, the monitor and
+    # Restart every role: the explorer re-reads sync and control from the beginning, the trainer resumes, the monitor and
     # worker rejoin their groups. Nothing is dead-lettered a second time.
     again = start_all()
     again["explorer"].join(60)

@@ -216,7 +216,7 @@ def test_eval_rounds_run_beside_training_and_eval_on_start_evaluates_the_base_mo
     clients, state = _run(config, make_arithmetic_tasks(8, seed=12), timeout=90)
     assert state.done and state.in_flight == []
 
-    signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
+    signals = read_all(config, clients.bootstrap, "control", clients.serde, SyncSignal, idle=1)
     states = [ExplorerState.from_json(s.state) for s in signals if s.kind == SyncKind.EXPLORER_STATE]
     beside = [s for s in states if any(e.get("eval") == "mini" and e["step"] >= 0 for e in s.in_flight)
               and any(step > e["step"] for e in s.in_flight if "eval" in e for step in s.steps_in_flight)]

@@ -586,7 +586,7 @@ def test_short_batches_when_the_explorer_finished_steps_with_fewer_groups(run_co
 
     def explorer_reports(finished_step: int, done: bool = False) -> None:
         state = ExplorerState(next_step=finished_step + 1, finished_step=finished_step, done=done)
-        producer.produce(config.topic("sync"), SyncSignal(kind=SyncKind.EXPLORER_STATE, version=state.next_step,
+        producer.produce(config.topic("control"), SyncSignal(kind=SyncKind.EXPLORER_STATE, version=state.next_step,
                                                           state=state.to_json()))
         producer.flush()
 
@@ -645,7 +645,7 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     assert sorted(audit_eids(root.with_name(root.name + "-replay"))) == sorted(e.eid for e in late)
     assert sorted(audit_eids(root)) == sorted(e.eid for e in early)  # the main lineage is untouched
     assert clients.committed(group, topic) == committed
-    assert clients.committed(config.group("fanout"), topic)
+    assert clients.committed(config.group("trainer-fanout"), topic)
     published = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
                  if s.kind == SyncKind.WEIGHTS_PUBLISHED]
     assert [(s.version, s.source) for s in published] == [(1, "trainer"), (2, "trainer")]
@@ -729,7 +729,7 @@ def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(ru
     clients = _clients(config)
     _run_the_loop(config, clients, tasks=steps * 2, seed=4)
 
-    signals = read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
+    signals = read_all(config, clients.bootstrap, "control", clients.serde, SyncSignal, idle=1)
     states = [ExplorerState.from_json(s.state) for s in signals if s.kind == SyncKind.EXPLORER_STATE]
     assert max(len(s.steps_in_flight) for s in states) > 1  # it ran ahead
     assert all(len(s.steps_in_flight) <= 3 for s in states)

@@ -258,3 +258,46 @@ def test_run_yaml_loads_and_writes_to_the_shared_volume(services):
         assert Path(path).is_relative_to(shared), path
     assert _env(services["trainer"])["STREAMRFT_CACHE_DIR"].startswith(shared)
     assert stack.topics.rollouts.partitions >= 4  # room for `--scale rollout=4`
+
+
+# -- the secured stack (docker-compose.secure.yml, layered on the base file) -------------------------------------
+
+
+def _merged_env(*services: dict) -> dict[str, str]:
+    """A service's environment as `docker compose -f base -f secure` merges it (later files win per key)."""
+    out: dict[str, str] = {}
+    for service in services:
+        out.update(_env(service))
+    return out
+
+
+def test_the_secured_stack_gives_every_role_its_own_principal_and_only_the_admin_the_rest(services):
+    from streamrft.acls import ROLES as ACL_ROLES, principal_name
+
+    secure = yaml.safe_load((COMPOSE / "docker-compose.secure.yml").read_text())["services"]
+    run = load_config(COMPOSE / "run.yaml", env={})
+    files = {}
+    for name in (*ROLES, "tasks"):
+        env = _merged_env(services[name], secure[name])
+        # every STREAMRFT_* variable is a real key, and the merged environment loads with the file given
+        assert set(env_overrides({k: v for k, v in env.items() if k not in PROCESS_VARS})) <= CONFIG_KEYS
+        files[name] = env["STREAMRFT_KAFKA__CREDENTIALS_FILE"]
+        assert secure[name]["depends_on"]["principals"]["condition"] == "service_completed_successfully"
+        assert "STREAMRFT_KAFKA__SASL_PASSWORD" not in env  # the roles read their credentials file
+    # each role's file is the one `streamrft acls --create-users /shared/credentials` writes for its principal
+    assert files == {name: f"/shared/credentials/{principal_name(run, name)}.json" for name in files}
+    assert set(files) <= set(ACL_ROLES)
+    principals = secure["principals"]
+    assert principals["command"][:3] == ["streamrft", "acls", "/config/run.yaml"]
+    assert principals["command"][3:] == ["--apply", "--create-users", "/shared/credentials"]
+    assert set(env_overrides(_env(principals))) <= CONFIG_KEYS
+    assert _env(principals)["STREAMRFT_KAFKA__SASL_USERNAME"] == "admin"
+    assert "${STREAMRFT_ADMIN_PASSWORD" in _env(principals)["STREAMRFT_KAFKA__SASL_PASSWORD"]  # never a literal
+    broker = _merged_env(services["kafka"], secure["kafka"])
+    assert broker["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert broker["KAFKA_SUPER_USERS"] == "User:admin"
+    assert broker["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    listeners = {name.split(":")[0] for name in broker["KAFKA_LISTENERS"].split(",")}
+    protocols = dict(item.split(":") for item in broker["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(protocols) == listeners and set(protocols.values()) == {"SASL_PLAINTEXT"}
+    assert "." not in run.name  # prefixed ACLs tell runs apart only without dots in the name

@@ -18,7 +18,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 KNOWN = {("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"), ("batch/v1", "Job"),
          ("kafka.strimzi.io/v1beta2", "KafkaTopic"), ("keda.sh/v1alpha1", "ScaledObject"),
-         ("monitoring.coreos.com/v1", "ServiceMonitor")}
+         ("monitoring.coreos.com/v1", "ServiceMonitor"), ("kafka.strimzi.io/v1beta2", "KafkaUser"),
+         ("keda.sh/v1alpha1", "TriggerAuthentication")}
 PROCESS_VARS = {"STREAMRFT_CACHE_DIR", "OMP_WAIT_POLICY"}  # read by the model cache / OpenMP, not config keys
 
 
@@ -52,7 +53,7 @@ def test_every_manifest_is_a_known_kind_with_a_valid_unique_name(manifests, conf
     for m in manifests:
         assert (m["apiVersion"], m["kind"]) in KNOWN, m["kind"]
         name = m["metadata"]["name"]
-        assert (DNS_SUBDOMAIN if m["kind"] == "KafkaTopic" else DNS_LABEL).match(name), name
+        assert (DNS_SUBDOMAIN if m["kind"] in ("KafkaTopic", "KafkaUser") else DNS_LABEL).match(name), name
         assert m["metadata"]["namespace"] == config.kubernetes.namespace
         assert (m["kind"], name) not in seen
         seen.add((m["kind"], name))
@@ -60,7 +61,7 @@ def test_every_manifest_is_a_known_kind_with_a_valid_unique_name(manifests, conf
 
 def test_topics_are_the_runs_topics_with_their_layout(manifests, config):
     topics = {m["spec"]["topicName"]: m for m in _by_kind(manifests, "KafkaTopic").values()}
-    names = {config.topic(n) for n in ("tasks", "rollouts", "experiences", "results", "sync", "metrics")}
+    names = {config.topic(n) for n in ("tasks", "rollouts", "experiences", "results", "sync", "control", "metrics")}
     assert set(topics) == names | {config.dlq_topic(n) for n in names}
     rollouts = topics[config.topic("rollouts")]
     assert rollouts["spec"]["partitions"] == config.topics.rollouts.partitions == 16
@@ -74,11 +75,17 @@ def test_roles_run_their_command_on_the_config_with_real_config_keys(manifests, 
     for workload, pod in _pod_specs(manifests):
         (container,) = pod["containers"]
         commands[workload["metadata"]["labels"]["app.kubernetes.io/component"]] = container["command"]
-        env = {e["name"]: e["value"] for e in container["env"]}
+        role = workload["metadata"]["labels"]["app.kubernetes.io/component"]
+        # a secret comes from its Secret, never as a value: the role's own KafkaUser's password
+        secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
+        assert secrets == {"STREAMRFT_KAFKA__SASL_PASSWORD": {"name": f"demo.{role}", "key": "password"}}
+        assert secrets["STREAMRFT_KAFKA__SASL_PASSWORD"]["name"] in _by_kind(manifests, "KafkaUser")
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e} | {name: "x" for name in secrets}
         # every STREAMRFT_* variable is a config key: loading the config with them applies each one
         config_env = {k: v for k, v in env.items() if k.startswith("STREAMRFT_") and k not in PROCESS_VARS}
         loaded = load_config(K8S / "run.yaml", env=config_env)
         assert loaded.kafka.bootstrap_servers == "streamrft-kafka-bootstrap:9092"
+        assert loaded.kafka.sasl_username == f"demo.{role}" and loaded.kafka.sasl_mechanism == "SCRAM-SHA-512"
         assert loaded.metrics_host == "0.0.0.0"
         assert set(env) - set(config_env) <= PROCESS_VARS
         volumes = {v["name"] for v in pod["volumes"]}
@@ -157,3 +164,45 @@ def test_explore_mode_deploys_no_trainer(config):
     explore = config.model_copy(update={"explorer": config.explorer.model_copy(update={"mode": "explore"})})
     kinds = {(m["kind"], m["metadata"]["name"]) for m in render(explore, (K8S / "run.yaml").read_text())}
     assert ("Job", "demo-trainer") not in kinds and ("Deployment", "demo-explorer") in kinds
+
+
+def test_every_role_has_a_kafka_user_with_exactly_the_acls_streamrft_derives(manifests, config):
+    from streamrft.acls import role_acls
+
+    users = _by_kind(manifests, "KafkaUser")
+    assert set(users) == {f"demo.{role}" for role in ("explorer", "rollout", "trainer", "monitor", "tasks", "viewer")}
+    operations = {"read": "Read", "write": "Write", "describe": "Describe", "describe_configs": "DescribeConfigs"}
+    for name, user in users.items():
+        assert user["metadata"]["labels"]["strimzi.io/cluster"] == config.kubernetes.kafka_cluster
+        assert user["spec"]["authentication"] == {"type": "scram-sha-512"}
+        acls = user["spec"]["authorization"]["acls"]
+        expected = [(acl.resource, acl.name, acl.pattern, operations[acl.operation])
+                    for acl in role_acls(config, name.split(".", 1)[1])]
+        assert [({"topic": "topic", "group": "group", "transactionalId": "transactional_id"}[a["resource"]["type"]],
+                 a["resource"]["name"], {"literal": "literal", "prefix": "prefixed"}[a["resource"]["patternType"]],
+                 a["operations"][0]) for a in acls] == expected
+    sync = config.topic("sync")
+    writers = {name for name, user in users.items() for a in user["spec"]["authorization"]["acls"]
+               if a["resource"]["name"] == sync and "Write" in a["operations"]}
+    assert writers == {"demo.trainer"}  # only the trainer publishes weights
+    (scaled,) = _by_kind(manifests, "ScaledObject").values()
+    trigger = scaled["spec"]["triggers"][0]
+    assert trigger["metadata"]["sasl"] == "scram_sha512"
+    (auth,) = _by_kind(manifests, "TriggerAuthentication").values()
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "demo.rollout", "key": "password"}]
+    assert auth["spec"]["env"][0]["containerName"] == "rollout"
+
+
+def test_tls_mounts_the_strimzi_cluster_ca_and_names_of_other_shapes_are_refused(config):
+    tls = load_config(K8S / "run.yaml", overrides={"kubernetes": {"kafka_tls": True}}, env={})
+    manifests = render(tls, "")
+    for _, pod in _pod_specs(manifests):
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["STREAMRFT_KAFKA__SECURITY_PROTOCOL"] == "SASL_SSL"
+        assert env["STREAMRFT_KAFKA__SSL_CA_LOCATION"] == "/kafka-ca/ca.crt"
+        assert {"name": "kafka-ca", "secret": {"secretName": "streamrft-cluster-ca-cert"}} in pod["volumes"]
+    named = load_config(K8S / "run.yaml", overrides={"name": "Demo_Run"}, env={})
+    with pytest.raises(ConfigError, match="KafkaUser is named"):
+        render(named, "")

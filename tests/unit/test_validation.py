@@ -13,7 +13,7 @@ from streamrft.schemas import (Experience, InvalidRecordError, Metric, RolloutKi
                                RolloutStatus, SyncKind, SyncMethod, SyncSignal, Task, pack_f32, pack_i32, pack_u8)
 from streamrft.sync import supersedes
 from streamrft.validation import (ExplorerState, check_experience, check_metric, check_request, check_result,
-                                  check_sync, check_task)
+                                  check_control, check_sync, check_task)
 
 
 def experience(**changes) -> Experience:
@@ -131,8 +131,12 @@ def test_sync_signals_are_checked_against_the_run_transport():
                      weights_url="file:///w") == "foreign-uri"
     assert reason_of(check_sync, replace(delivered, state='{"epoch": -1}'), weights_method="collective",
                      weights_url="file:///w") == "bad-state"
-    assert reason_of(check_sync, SyncSignal(kind=SyncKind.CANCEL_STEP, version=-2)) == "out-of-range"
-    assert reason_of(check_sync, SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{x")) == "bad-state"
+    assert reason_of(check_control, SyncSignal(kind=SyncKind.CANCEL_STEP, version=-2)) == "out-of-range"
+    assert reason_of(check_control, SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{x")) == "bad-state"
+    # each writer's kinds on its own topic only: the trainer's on sync, the explorer's on control
+    assert reason_of(check_sync, SyncSignal(kind=SyncKind.CANCEL_STEP, version=0)) == "wrong-topic"
+    assert reason_of(check_sync, SyncSignal(kind=SyncKind.EXPLORER_STATE, version=0, state="{}")) == "wrong-topic"
+    assert reason_of(check_control, SyncSignal(kind=SyncKind.SYNC_REQUEST, version=1)) == "wrong-topic"
     bad_ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri="tcp://h:1",
                            state="{}")
     assert reason_of(check_sync, bad_ready, weights_method="collective") == "bad-announcement"
