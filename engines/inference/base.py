@@ -128,6 +128,9 @@ class InferenceEngine(ABC):
     kind: str = "base"
     tokenizer: Any
     _version: int = 0
+    # The longest sequence (prompt + response tokens) the engine serves, None when it does not say: a sample
+    # stops there ("length"), as vLLM's do at its max_model_len, so no sequence outgrows the model's positions.
+    max_model_len: int | None = None
 
     # -- generation ----------------------------------------------------------------------------------------
 

@@ -130,6 +130,7 @@ class TransformersEngine(InferenceEngine):
         except OSError as exc:
             raise EngineError(f"cannot load a model from {self.model_path!r}: {exc}") from exc
         self.model.eval()
+        self.max_model_len = getattr(self.model.config, "max_position_embeddings", None)
         # transformers renamed forward arguments across versions; resolve the spelling once
         accepted = inspect.signature(self.model.forward).parameters
         self._cache_arg = "cache" if "cache" in accepted else "past_key_values"
@@ -156,6 +157,9 @@ class TransformersEngine(InferenceEngine):
         batches: dict[SamplingParams, list[_Row]] = {}
         for prompt, sample_params in zip(prompts, per_prompt_params(params, len(prompts))):
             ids = self.prompt_ids(prompt)
+            if self.max_model_len is not None and len(ids) >= self.max_model_len:
+                raise EngineError(f"a prompt of {len(ids)} tokens leaves no room in the model's "
+                                  f"{self.max_model_len} positions")
             for j in range(n):
                 row = _Row(prompt_ids=ids, generator=self._generator(sample_params, j))
                 rows.append(row)
@@ -210,7 +214,7 @@ class TransformersEngine(InferenceEngine):
                     row.finish_reason = "stop"
                 elif params.stop and self._check_stop(row, params.stop):
                     pass
-                elif len(row.response_ids) >= params.max_tokens:
+                elif len(row.response_ids) >= params.max_tokens or self._at_model_len(row):
                     row.finish_reason = "length"
                 else:
                     keep.append(b)
@@ -224,6 +228,9 @@ class TransformersEngine(InferenceEngine):
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
             out, cache = self._forward(tokens[:, None], attention, next_position, cache)
             next_position = next_position + 1
+
+    def _at_model_len(self, row: _Row) -> bool:
+        return self.max_model_len is not None and len(row.prompt_ids) + len(row.response_ids) >= self.max_model_len
 
     def _forward(self, input_ids, attention, positions, cache):
         """One forward pass that keeps only the last position's logits; returns (output, cache)."""

@@ -182,6 +182,7 @@ class VLLMEngine(InferenceEngine):
 
         # the same tokenizer object as the transformers engine, so both engines build identical prompt ids
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._version = version
         self._ids = itertools.count()
         self._calls_by_key: dict[Hashable, _Call] = {}

@@ -18,7 +18,8 @@ One episode is one sample:
   one). ``grpo`` scores an episode as reward + Σ turn rewards and gives that advantage to every model token;
   ``grpo_reward_to_go`` gives each turn the rewards from that turn on;
 - the run's budget, ``limits.max_turns`` model turns and ``limits.max_episode_tokens`` response tokens (model
-  and environment), cuts an episode the environment has not ended: it is then ``truncated`` (and
+  and environment), cuts an episode the environment has not ended, and so do the engine's positions
+  (``max_model_len``: a longer sequence could not be trained): it is then ``truncated`` (and
   ``trainer.algorithm.mask_truncated`` can keep it out of the loss). A model turn is never longer than the
   tokens left, and an episode always ends on a model turn (an environment reply with no room for an answer
   after it is not added).
@@ -37,7 +38,7 @@ from ..inference.base import Completion, Message
 from .base import Workflow, WorkflowSample, chat_suffix_ids
 from .rewards import Reward
 
-Finish = Literal["done", "max_turns", "max_tokens"]
+Finish = Literal["done", "max_turns", "max_tokens", "max_model_len"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +146,15 @@ class EpisodeWorkflow(Workflow):
             active = [k for k, episode in enumerate(episodes) if episode.finish is None]
             if not active:
                 break
+            for k in active:  # a model turn needs room, in the budget and in the model's positions
+                if self._room(episodes[k], engine) < 1:
+                    episodes[k].finish = self._limit(episodes[k], engine)
+            active = [k for k in active if episodes[k].finish is None]
+            if not active:
+                break
             params = [
                 sampling.replace(seed=None if sampling.seed is None else sampling.seed + turn * repeat_times + k,
-                                 max_tokens=min(sampling.max_tokens, self._tokens_left(episodes[k])))
+                                 max_tokens=min(sampling.max_tokens, self._room(episodes[k], engine)))
                 for k in active
             ]
             outputs = engine.generate([episodes[k].context for k in active], params, n=1)
@@ -164,6 +171,16 @@ class EpisodeWorkflow(Workflow):
     def _tokens_left(self, episode: _Episode) -> int:
         return self.limits.max_episode_tokens - len(episode.response_ids)
 
+    def _room(self, episode: _Episode, engine) -> int:
+        """Tokens the episode may still add: its budget, and the engine's positions when it has a limit."""
+        if engine.max_model_len is None:
+            return self._tokens_left(episode)
+        return min(self._tokens_left(episode), engine.max_model_len - len(episode.context))
+
+    def _limit(self, episode: _Episode, engine) -> Finish:
+        """Which limit leaves no room: the episode's token budget or the model's positions."""
+        return "max_tokens" if self._tokens_left(episode) <= self._room(episode, engine) else "max_model_len"
+
     def _advance(self, episode: _Episode, completion: Completion, engine, *, last_turn: bool) -> None:
         """Add the model's turn, let the environment answer, and end the episode or add the answer."""
         episode.add_model_turn(completion)
@@ -176,8 +193,8 @@ class EpisodeWorkflow(Workflow):
         else:
             suffix = chat_suffix_ids(engine, episode.opening, list(reply.messages),
                                      after_eos=completion.ended_with_eos)
-            if len(suffix) >= self._tokens_left(episode):  # no room left for a model turn after it
-                episode.finish = "max_tokens"
+            if len(suffix) >= self._room(episode, engine):  # no room left for a model turn after it
+                episode.finish = self._limit(episode, engine)
             else:
                 episode.add_env_turn(suffix, reply.messages)
 

@@ -56,6 +56,7 @@ class SharedEngine(InferenceEngine):
         self.limits = limits
         self.tokenizer = engine.tokenizer
         self.kind = engine.kind
+        self.max_model_len = engine.max_model_len
         self._cond = threading.Condition()
         self._queued: list[_Waiting] = []  # calls not yet handed to the engine
         self._running: dict[int, _Waiting] = {}  # id -> calls the engine has

@@ -32,7 +32,12 @@ from .retry import retrying
 
 logger = logging.getLogger(__name__)
 
-STUCK_GRACE_S = 15.0  # past its own timeout, a transaction call is taken as stuck
+# Each transaction call gets at most CALL_TIMEOUT_S (and is tried again, within the unit's deadline, when it
+# times out); one that has not returned STUCK_GRACE_S after that is taken as stuck. So a client stuck across a
+# broker restart is replaced after ~15 s, not after the whole unit's deadline (measured in bench/chaos.py: a
+# worker stalled 75 s with one 60 s call).
+CALL_TIMEOUT_S = 10.0
+STUCK_GRACE_S = 5.0
 MAX_REOPENS = 3  # stuck clients replaced within one unit of work before giving up
 
 
@@ -124,7 +129,7 @@ class Transactor:
 
     def _retrying(self, what: str, call: Callable[[float], None]) -> None:
         # an error that requires an abort is never retried in place: the whole unit is (see run)
-        retrying(what, lambda t: _bounded(what, call, t), self.timeout,
+        retrying(what, lambda t: _bounded(what, call, min(t, CALL_TIMEOUT_S)), self.timeout,
                  retry_when=lambda e: e.retriable() and not e.txn_requires_abort())
 
     def _abort(self, why: str) -> None:

@@ -1,4 +1,4 @@
-"""Chaos, the short version of ``bench/chaos.py`` (the same code, loaded from that file): 12 steps, 2 rollout
+"""Chaos, the short version of ``bench/chaos.py`` (the same code, loaded from that file): 8 steps, 2 rollout
 workers, one SIGKILL of a worker, of the explorer and of the trainer, and one broker restart, then the run's
 invariants (see the bench's docstring). The harness starts a broker of its own (it must restart it on the same
 data dir), so it ignores KAFKA_BOOTSTRAP. A second test shows that the checks catch what they claim to catch."""
@@ -14,6 +14,7 @@ import pytest
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+STEPS = 8
 
 
 def _chaos_module():
@@ -31,8 +32,8 @@ def _chaos_module():
 def outcome(tmp_path_factory):
     chaos = _chaos_module()
     # one round: a worker, the explorer and the trainer killed once each (seeded order), the broker restarted
-    settings = chaos.ChaosSettings(out=tmp_path_factory.mktemp("chaos") / "run", seed=7, steps=12, workers=2,
-                                   kill_every_s=5.0, rounds=1, tail_steps=2, fake_latency_s=0.3, stall_s=120,
+    settings = chaos.ChaosSettings(out=tmp_path_factory.mktemp("chaos") / "run", seed=7, steps=STEPS, workers=2,
+                                   kill_every_s=4.0, rounds=1, tail_steps=2, fake_latency_s=0.3, stall_s=120,
                                    timeout_s=420)
     return chaos.run_chaos(settings)
 
@@ -47,7 +48,7 @@ def test_a_run_under_chaos_loses_and_doubles_nothing(outcome):
     assert verdict.violations == {}, "\n".join(chaos.events)
     figures = verdict.figures
     assert figures["duplicates"] == 0 and figures["lost"] == 0
-    assert figures["tasks"] == figures["requests"] == 12 * 4
+    assert figures["tasks"] == figures["requests"] == STEPS * 4
     assert figures["trained"] + figures["dropped stale (audit)"] + figures["dropped, dead-lettered"] + figures[
         "dropped, counted only"] == figures["experiences"]
 
@@ -74,9 +75,9 @@ def test_the_checks_catch_doubles_and_losses(outcome):
             observed, requests=[r for r in observed.requests if r.task.task_id != result.task_id]),
     }
     for invariant, faulty in faults.items():
-        verdict = chaos.check(faulty, lifetimes, 12)
+        verdict = chaos.check(faulty, lifetimes, STEPS)
         assert invariant in verdict.violations, (invariant, verdict.violations)
     # a committed step of an earlier trainer lifetime that the final lineage does not hold
     forged = chaos.TrainerLifetime(99, "killed", [{**entry, "eids": ["forged/0"]}], entry["version"])
-    verdict = chaos.check(observed, [*lifetimes, forged], 12)
+    verdict = chaos.check(observed, [*lifetimes, forged], STEPS)
     assert "committed audit entry lost" in verdict.violations

@@ -22,6 +22,7 @@ from streamrft.engines.tasks import make_word_problems
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, Metric, RolloutResult, RolloutStatus, Task
 
+from ..unit.test_episodes import spans
 from .roles import RoleThread, produce_tasks, read_all, role_process, wait_for, write_config
 from .tool_model import build_tool_model
 
@@ -52,17 +53,6 @@ def _guess_tasks(n: int, max_turns: int = 3) -> list[Task]:
             for i in range(n)]
 
 
-def _turn_spans(mask) -> list[tuple[int, int]]:
-    spans, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            spans.append((start, i))
-            start = None
-    return spans
-
-
 @pytest.fixture(scope="module")
 def tool_model_dir(tmp_path_factory) -> Path:
     return build_tool_model(tmp_path_factory.mktemp("tool-model"))
@@ -74,7 +64,7 @@ def test_guess_number_and_calculator_episodes_train_through_the_loop(run_config,
     action-mask ones and every environment turn a span of zeros, and the tokens each trainer step trained
     (``actor/num_tokens``) are exactly the model tokens of the experiences its audit lists."""
     steps = 2
-    config = run_config(**_settings(tool_model_dir, tmp_path / "ckpt", steps, max_turns=3, max_episode_tokens=400))
+    config = run_config(**_settings(tool_model_dir, tmp_path / "ckpt", steps, max_turns=3, max_episode_tokens=300))
     clients = _clients(config)
     tasks = [t for pair in zip(make_word_problems(4, seed=1), _guess_tasks(4)) for t in pair]  # 2 of each a step
     produce_tasks(clients, config, tasks)
@@ -96,7 +86,7 @@ def test_guess_number_and_calculator_episodes_train_through_the_loop(run_config,
     for e in experiences.values():
         mask = e.action_mask_array.tolist()
         response = e.token_array[e.prompt_length:].tolist()
-        model_turns = _turn_spans(mask)
+        model_turns = spans(mask)
         assert len(model_turns) == e.metrics["turns"] and mask[-1] == 1, e.eid  # ends on the model's turn
         assert sum(mask) == e.metrics["model_tokens"]
         for start, end in model_turns[:-1]:  # every turn but the last one ended by EOS or max_tokens

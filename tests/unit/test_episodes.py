@@ -239,3 +239,22 @@ def test_mask_truncated_keeps_truncated_rows_out_of_the_loss_but_in_the_baseline
     assert masked.metrics["actor/num_tokens"] == 6 and masked.metrics["actor/num_masked_truncated"] == 1
     # the truncated row still counted in the group's baseline: the others' advantages are unchanged
     assert torch.equal(masked.advantages[:2], plain.advantages[:2])
+
+
+@pytest.mark.model
+def test_an_episode_never_outgrows_the_models_positions(tmp_path: Path) -> None:
+    """The engine's max_model_len (the tiny model's 256 positions here) cuts an episode before it would outgrow
+    what the trainer can take: truncated, finish max_model_len, every sequence within the positions."""
+    from streamrft.engines.models import build_tiny_model
+
+    engine = create_engine("transformers", build_tiny_model(tmp_path, max_position_embeddings=256))
+    assert engine.max_model_len == 256
+    samples = run_workflow(task("guess_number", {"target": 1, "low": 1, "high": 9, "max_turns": 8}), engine, 3,
+                           SamplingParams(max_tokens=40, seed=1), limits=WorkLimits(max_episode_tokens=4000))
+    for s in samples:
+        assert len(s.tokens) <= 256
+        assert s.info["finish"] in ("done", "max_model_len") and s.truncated == (s.info["finish"] != "done")
+    assert any(s.info["finish"] == "max_model_len" for s in samples)
+    # and one turn alone stops at the positions too, as vLLM does
+    (completion,) = engine.generate([[5 + i % 80 for i in range(245)]], SamplingParams(max_tokens=40, seed=0))[0]
+    assert len(completion.prompt_ids) + len(completion.response_ids) <= 256
