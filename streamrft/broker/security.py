@@ -62,11 +62,6 @@ class BrokerSecurity:
         """Where the credentials files of the users created for runs go."""
         return private_dir(self.directory / "credentials")
 
-    def user_credential(self, username: str) -> Credential:
-        """A new SCRAM credential for ``username`` on this broker (the password is random)."""
-        return Credential.generate(username, sasl_mechanism=SCRAM, security_protocol=self.admin.security_protocol,
-                                   ssl_ca_location=self.admin.ssl_ca_location)
-
     def server_properties(self) -> str:
         """The listener, SASL, TLS and authorizer settings (appended to the broker's server.properties)."""
         password = self.admin.password.get_secret_value()
