@@ -43,7 +43,7 @@ def provision(admin: KafkaClients, directory: Path, roles: tuple[str, ...] = ROL
     upsert_scram_users(admin.admin(), passwords)
     created = create_acls(admin.admin(), [acl for role in roles for acl in role_acls(config, role)])
     for path in files.values():  # each user can log in before anyone is handed its file
-        kafka = KafkaConfig(bootstrap_servers=admin.bootstrap, credentials_file=str(path))
+        kafka = KafkaConfig(credentials_file=str(path))
         check_credentials(kafka, admin.bootstrap, settle_s=10.0)
     logger.info("run %s: %d principals (credentials in %s), %d ACLs", config.name, len(roles), directory, created)
     return files

@@ -143,13 +143,10 @@ class EpisodeWorkflow(Workflow):
             episodes.append(_Episode(env=env, opening=opening, prompt_ids=list(engine.prompt_ids(opening))))
 
         for turn in range(max_turns):
+            for episode in episodes:  # a model turn needs room, in the budget and in the model's positions
+                if episode.finish is None and self._room(episode, engine) < 1:
+                    episode.finish = self._limit(episode, engine)
             active = [k for k, episode in enumerate(episodes) if episode.finish is None]
-            if not active:
-                break
-            for k in active:  # a model turn needs room, in the budget and in the model's positions
-                if self._room(episodes[k], engine) < 1:
-                    episodes[k].finish = self._limit(episodes[k], engine)
-            active = [k for k in active if episodes[k].finish is None]
             if not active:
                 break
             params = [

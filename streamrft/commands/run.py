@@ -85,16 +85,10 @@ class _Cluster:
                       f"{self.broker.security.credentials_dir}")
         return files
 
-    def __enter__(self) -> "_Cluster":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass
-
 
 def _cluster(config: RunConfig, run_dir: Path, resume: bool):
     if not config.kafka.embedded:
-        return _Cluster(config)
+        return nullcontext(_Cluster(config))
     data_dir = run_dir / "kafka"
     if data_dir.exists() and not resume:
         raise StreamrftError(f"run {config.name!r} already exists ({run_dir}); continue it with --resume, or "
