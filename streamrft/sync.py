@@ -42,19 +42,15 @@ class SyncView:
     def __init__(self, clients: KafkaClients, client_id: str, *, dead_letters: bool = False):
         config = clients.config
         self.topic = config.topic("sync")
-        checks = {"sync": partial(check_sync, weights_method=config.trainer.weights.method,
-                                  weights_url=config.weights_url),
-                  "control": check_control}
-        self._consumers = []
-        for name, check in checks.items():
-            topic = config.topic(name)
-            # partition EOF events tell when the history is read (end offsets would count transaction markers)
-            consumer = clients.consumer([topic], SyncSignal, group=f"{config.name}.sync-view",
-                                        client_id=f"{client_id}-{name}", subscribe=False,
-                                        dead_letters=dead_letters, check=check,
-                                        extra={"enable.partition.eof": True})
-            consumer.assign(clients.offsets(topic, "start"))
-            self._consumers.append(consumer)
+        control = config.topic("control")
+        # partition EOF events tell when the history is read (end offsets would count transaction markers)
+        self._consumer = clients.consumer(
+            [self.topic, control], SyncSignal, group=f"{config.name}.sync-view", client_id=client_id,
+            subscribe=False, dead_letters=dead_letters, extra={"enable.partition.eof": True},
+            check={self.topic: partial(check_sync, weights_method=config.trainer.weights.method,
+                                       weights_url=config.weights_url),
+                   control: check_control})
+        self._consumer.assign(clients.offsets(self.topic, "start") | clients.offsets(control, "start"))
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()
         self._cancels: set[int] = set()  # CANCEL_STEP versions not yet known to be valid or superseded
@@ -97,18 +93,17 @@ class SyncView:
 
     @property
     def rejected(self) -> int:
-        return sum(consumer.rejected for consumer in self._consumers)
+        return self._consumer.rejected
 
     def poll(self, timeout: float = 0.0) -> list[SyncSignal]:
         """Apply new signals; returns them. ``caught_up`` turns true once the history at start is read."""
         signals = []
-        for k, consumer in enumerate(self._consumers):
-            for item in consumer.poll(max_records=500, timeout=timeout if k == 0 else 0.0):
-                self._apply(item.record)
-                if item.record is self.weights or item.record is self.collective_ready:
-                    self.where[item.record.kind] = (item.partition, item.offset)
-                signals.append(item.record)
-        if not self.caught_up and all(consumer.at_end() for consumer in self._consumers):
+        for item in self._consumer.poll(max_records=500, timeout=timeout):
+            self._apply(item.record)
+            if item.record is self.weights or item.record is self.collective_ready:
+                self.where[item.record.kind] = (item.partition, item.offset)
+            signals.append(item.record)
+        if not self.caught_up and self._consumer.at_end():
             self.caught_up = True
         return signals
 
@@ -140,5 +135,4 @@ class SyncView:
                 self._cancels.add(signal.version)
 
     def close(self) -> None:
-        for consumer in self._consumers:
-            consumer.close()
+        self._consumer.close()

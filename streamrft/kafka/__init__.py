@@ -17,7 +17,7 @@ from streamrft.schemas import Record
 from ..config import KafkaConfig, RunConfig
 from .admin import committed_offsets, describe_run, ensure_topics, group_lag, run_topics, watermarks
 from .authorization import authentication_failed, is_authentication_failure, is_refusal, refusal_for
-from .consumer import Check, Delivered, RecordConsumer
+from .consumer import Check, Checks, Delivered, RecordConsumer
 from .reader import read_to_end
 from .dlq import DeadLetter, DeadLetterLedger, dead_letter, dlq_topic_of
 from .producer import DeliveryError, RecordProducer
@@ -87,7 +87,7 @@ class KafkaClients:
 
     def consumer(self, topics: list[str], record_type: type[Record], group: str, *, client_id: str = "streamrft",
                  read_committed: bool = True, subscribe: bool = True, auto_offset_reset: str = "earliest",
-                 dead_letters: bool = True, check: Check | None = None, max_record_bytes: int | None = None,
+                 dead_letters: bool = True, check: Checks | None = None, max_record_bytes: int | None = None,
                  on_dead_letter=None, extra: dict | None = None) -> RecordConsumer:
         """A consumer of ``record_type`` in consumer group ``group``. Every record is checked where it is read
         (see ``RecordConsumer``); bad ones go to ``<topic>.dlq`` through a producer of its own, once per group:

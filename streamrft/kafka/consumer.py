@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Callable, Generic, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -29,6 +30,8 @@ Offsets = dict[tuple[str, int], int]
 CommitPoints = dict[tuple[str, int], tuple[int, str]]
 # raises InvalidRecordError when a decoded record breaks its type's invariants
 Check = Callable[[R], None]
+# one check for every topic read, or topic -> its own (one reader of topics whose writers promise different things)
+Checks = Check | Mapping[str, Check]
 
 
 @dataclass(slots=True)
@@ -52,7 +55,7 @@ class RecordConsumer(Generic[R]):
     """Reads ``record_type`` records from ``topics``; tracks what it returned so commits cover exactly that."""
 
     def __init__(self, props: dict, serde: Serde, topics: list[str], record_type: type[R],
-                 dlq: RecordProducer | None = None, subscribe: bool = True, *, check: Check | None = None,
+                 dlq: RecordProducer | None = None, subscribe: bool = True, *, check: Checks | None = None,
                  ledger: DeadLetterLedger | None = None, max_record_bytes: int | None = None,
                  on_dead_letter: Callable[[str, str], None] | None = None, refuse: Refusal | None = None):
         """``dlq`` None: bad records are skipped and logged but not dead-lettered (another reader of the same
@@ -62,7 +65,8 @@ class RecordConsumer(Generic[R]):
         self.record_type = record_type
         self.group_id = props.get("group.id", "")
         self._dlq = dlq
-        self._check = check
+        self._checks: Mapping[str, Check] = (check if isinstance(check, Mapping) else
+                                             {topic: check for topic in topics} if check is not None else {})
         self._ledger = ledger if ledger is not None else DeadLetterLedger(self.group_id)
         self._max_record_bytes = max_record_bytes
         self._on_dead_letter = on_dead_letter
@@ -143,8 +147,9 @@ class RecordConsumer(Generic[R]):
             raise InvalidRecordError("oversized", f"record of {len(value):,} bytes; this run reads at most "
                                      f"{self._max_record_bytes:,} on {msg.topic()}")
         record = self.serde.decode(value, msg.topic(), self.record_type)
-        if self._check is not None:
-            self._check(record)
+        check = self._checks.get(msg.topic())
+        if check is not None:
+            check(record)
         return Delivered(record, msg.topic(), msg.partition(), msg.offset(), key, msg.timestamp()[1],
                          msg.headers() or [])
 
