@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
-
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
 
 from .jars import ensure_jars
 from ..credentials import read_credential
