@@ -307,9 +307,9 @@ class ChaosRun:
         return {
             "name": RUN_NAME,
             "model": {"path": str(self.out / "model")},
+            "sync": {"style": "fixed", "interval": 1, "offset": 1, "max_staleness": 2},
             "explorer": {"batch_size": s.batch_size, "repeat_times": s.repeat_times, "total_epochs": 1,
-                         "total_steps": s.steps, "sync_style": "fixed", "sync_interval": 1, "sync_offset": 1,
-                         "max_staleness": 2, "step_timeout_s": 300, "metrics_port": None},
+                         "max_steps": s.steps, "step_timeout_s": 300, "metrics_port": None},
             "rollout": {"engine": "fake", "fake_latency_s": s.fake_latency_s, "requests_per_batch": 2,
                         "transaction_timeout_ms": s.transaction_timeout_ms, "sampling": {"max_tokens": 6},
                         "metrics_port": None},

@@ -332,7 +332,7 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "stre
     config["model"]["path"] = setup.model_path
     config["model"]["dtype"] = "bfloat16" if bf16 else "float32"
     config["explorer"].update(batch_size=setup.batch_size, repeat_times=setup.repeat, total_epochs=1000,
-                              total_steps=None, eval_interval=None, eval_tasksets=[], metrics_port=None)
+                              max_steps=None, eval_interval=None, eval_tasksets=[], metrics_port=None)
     rollout = config.setdefault("rollout", {})
     rollout.update(requests_per_batch=setup.batch_size, max_batch_size=setup.completions_per_step,
                    metrics_port=None)
@@ -349,8 +349,8 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "stre
         config["model"]["lora"] = dict(LORA_SIDE)
         config["trainer"]["lr"] = setup.lr * LORA_LR_FACTOR
     if side == "streamrft-async":
-        config["explorer"].update(sync_style="fully_async", max_staleness=2, max_inflight_steps=2)
-        config["explorer"].pop("sync_offset", None)
+        config["sync"] = {"style": "fully_async", "max_staleness": 2}
+        config["explorer"].update(max_inflight_steps=2)
         config["trainer"]["algorithm"].update(policy_loss="decoupled_ppo", recompute_old_logprobs=True)
     config["monitor"] = {**config.get("monitor", {}), "output_dir": str(side_dir / "run"), "tensorboard": False,
                          "metrics_port": None}

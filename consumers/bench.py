@@ -127,7 +127,7 @@ class Bench:
         self.timeout_s = timeout_s
         self.runtime = RoleRuntime(config, clients, stop, role="bench", source="bench",
                                    transactional_id=f"{config.name}.bench")
-        self.results = self.runtime.consumer("results", RolloutResult, f"{config.name}.bench-results",
+        self.results = self.runtime.consumer("results", RolloutResult, config.consumer_group("bench-results"),
                                              subscribe=False, check=check_result)
         self.results.assign(clients.offsets(config.topic("results"), "end"))
         self.tasksets = [(t, load_eval_tasks(t)) for t in config.explorer.eval_tasksets]

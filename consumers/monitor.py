@@ -12,8 +12,8 @@ wins, so a record delivered twice never adds a row or a point):
   ``<output_dir>/steps.csv``, wide form: one row per step with the explorer's ``rollout/*``, ``time/*`` and
   ``eval/*`` values and the trainer's ``actor/*`` and ``trainer/*`` values for that step.
 
-The loop, as numbered steps in ``run``: 1. poll and decode (undecodable records go to the DLQ);
-2. export each new or changed value; 3. flush the files; 4. commit the offsets. A crash between 3 and 4
+The loop, as numbered steps (``handle``, then the unit's commit): 1. poll and decode (undecodable records go to
+the DLQ); 2. export each new or changed value; 3. flush the files; 4. commit the offsets. A crash between 3 and 4
 redelivers records the files already hold; the table, reloaded from ``metrics.csv`` at start, skips them.
 """
 from __future__ import annotations
@@ -282,33 +282,42 @@ class Monitor:
         self.runtime.serve(self.settings.metrics_port)
         self.endpoint = self.runtime.endpoint
         self.metrics_port = self.endpoint.port
-        self.consumer = self.runtime.consumer("metrics", Metric, config.group("monitor"), client_id=source,
+        self.consumer = self.runtime.consumer("metrics", Metric, config.consumer_group("monitor"), client_id=source,
                                               check=check_metric)
         self.exported = 0
         logger.info("monitor: %s -> %s%s", config.topic("metrics"), self.output_dir,
                     f", Prometheus :{self.metrics_port}" if self.metrics_port is not None else "")
 
-    # -- the loop -----------------------------------------------------------------------------------------
+    # -- the loop (RoleRuntime.run: poll -> handle -> commit) ----------------------------------------------
     def run(self, max_idle_s: float | None = None) -> int:
         """Export until stopped, or until nothing new came for ``max_idle_s`` seconds once the consumer has
         its partitions. Returns the number of values exported (duplicates excluded)."""
-        idle_since = time.monotonic()
-        while not self.stop.requested:
-            rejected_before = self.consumer.rejected
-            batch = self.consumer.poll(MAX_RECORDS, POLL_S)  # 1.
-            if not batch and self.consumer.rejected == rejected_before:
-                if not self.consumer.assignment():
-                    idle_since = time.monotonic()  # still joining the group: not idle yet
-                elif max_idle_s is not None and time.monotonic() - idle_since >= max_idle_s:
-                    break
-                continue
-            idle_since = time.monotonic()
-            for item in batch:
-                self._export(item.record)  # 2.
-            self._flush()  # 3.
-            self.consumer.commit()  # 4.
-            logger.debug("monitor: %d record(s) up to %s exported", len(batch), batch[-1].where if batch else "-")
+        self._max_idle_s = max_idle_s
+        # 3.-4.: a unit flushes the files, then commits the offsets
+        self.runtime.run(self, self.runtime.unit_of_work(sinks=(self._flush,), consumer=self.consumer))
         return self.exported
+
+    def start(self, unit) -> None:
+        self._idle_since = time.monotonic()
+
+    def handle(self, unit) -> bool:
+        rejected_before = self.consumer.rejected
+        batch = self.consumer.poll(MAX_RECORDS, POLL_S)  # 1.
+        if not batch and self.consumer.rejected == rejected_before:
+            if not self.consumer.assignment():
+                self._idle_since = time.monotonic()  # still joining the group: not idle yet
+            elif self._max_idle_s is not None and time.monotonic() - self._idle_since >= self._max_idle_s:
+                return False
+            return True
+        self._idle_since = time.monotonic()
+        for item in batch:
+            self._export(item.record)  # 2.
+        unit.touch()
+        logger.debug("monitor: %d record(s) up to %s exported", len(batch), batch[-1].where if batch else "-")
+        return True
+
+    def finish(self, unit) -> None:
+        pass
 
     # 2. export ------------------------------------------------------------------------------------------
     def _export(self, metric: Metric) -> None:

@@ -1,16 +1,24 @@
 """What every role is built on (composition, not inheritance): its producer and ``Transactor``, its view of
-``sync``, its metrics (records on ``metrics`` and a Prometheus registry + endpoint), its consumers, and one
-``close()`` that releases all of them in reverse order.
+``sync``, its metrics (records on ``metrics`` and a Prometheus registry + endpoint), its consumers, the one role
+loop, and one ``close()`` that releases all of them in reverse order.
 
 A role creates one ``RoleRuntime``, declares its own Prometheus metrics on ``runtime.registry``, calls
-``runtime.serve()`` and keeps its own loop. Transactions go through :meth:`RoleRuntime.transaction`, which has
-the one abort policy of ``streamrft.kafka.transaction`` (any exception aborts; abortable errors retry the same
-unit; the rest stop the role, whose state is in the topics).
+``runtime.serve()`` and hands itself to :meth:`RoleRuntime.run`, the loop every role runs (poll → handle →
+commit; docs/architecture.md, "Roles"):
+
+1. poll ``sync`` and ``control`` (every role that follows the trainer's and the explorer's signals);
+2. ``role.handle(unit)``: poll the role's own topics and handle what came, staging what it produces, the offsets
+   it consumed and its after-commit bookkeeping on the :class:`~streamrft.consumers.unit_of_work.UnitOfWork`;
+3. ``unit.commit()``: all of it durable as one (one Kafka transaction for a transactional role, with the one
+   abort policy of ``streamrft.kafka.transaction``).
+
+``role.start(unit)`` runs before the first pass and ``role.finish(unit)`` after the last (the role's work is over, or
+a stop was requested); what ``finish`` stages is committed too.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -21,8 +29,23 @@ from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Record
 from streamrft.sync import SyncView
 from streamrft.telemetry import MetricsPublisher, PrometheusEndpoint, serve_prometheus
+from .unit_of_work import UnitOfWork
 
 logger = logging.getLogger(__name__)
+
+
+class Role(Protocol):
+    """What :meth:`RoleRuntime.run` drives."""
+
+    def start(self, unit: UnitOfWork) -> None:
+        """Catch up, restore state, stage what the start writes; before the first pass."""
+
+    def handle(self, unit: UnitOfWork) -> bool:
+        """One pass: poll the role's topics, handle what came, stage it on ``unit``. False once the role's work
+        is over."""
+
+    def finish(self, unit: UnitOfWork) -> None:
+        """After the last pass (done, or stopped): stage what the end writes."""
 
 
 class RoleRuntime:
@@ -75,6 +98,30 @@ class RoleRuntime:
     def bind(self, consumer: RecordConsumer) -> None:
         """Commit ``consumer``'s offsets inside every transaction (consume -> produce -> commit)."""
         self._transactor.consumer = consumer
+
+    @property
+    def transactional(self) -> bool:
+        return self._transactor is not None
+
+    def unit_of_work(self, *, state: Callable[[], list[tuple[str, Any]]] | None = None,
+                     sinks: tuple[Callable[[], None], ...] = (), consumer: RecordConsumer | None = None) -> UnitOfWork:
+        """A unit of this role's work (see :mod:`streamrft.consumers.unit_of_work` for the arguments)."""
+        return UnitOfWork(self, state=state, sinks=sinks, consumer=consumer)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self, role: Role, unit: UnitOfWork | None = None) -> None:
+        """The role loop (module docstring), until the role's work is over or a stop is requested."""
+        unit = unit or self.unit_of_work()
+        role.start(unit)
+        unit.commit()
+        going = True
+        while going and not self.stop.requested:
+            if self.sync is not None:
+                self.sync.poll(0)  # 1.
+            going = role.handle(unit)  # 2.
+            unit.commit()  # 3.
+        role.finish(unit)
+        unit.commit()
 
     def transaction(self, produce: Callable[[RecordProducer], None], what: str,
                     offsets: CommitPoints | None = None) -> None:

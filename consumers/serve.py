@@ -218,7 +218,8 @@ class ServeRole:
         self.sampling = config.rollout.sampling
         self._engine_lock = threading.Lock()  # one generation or one swap at a time
         self._produce_lock = threading.Lock()  # the transactional producer is one transaction at a time
-        self._follower = threading.Thread(target=self._follow_weights, name="serve-weights", daemon=True)
+        self._follower = threading.Thread(target=lambda: self.runtime.run(_FollowWeights(self)),
+                                          name="serve-weights", daemon=True)
         registry = self.runtime.registry
         self.c_requests = Counter("streamrft_serve_requests", "completion requests, by endpoint", ["endpoint"],
                                   registry=registry)
@@ -246,15 +247,6 @@ class ServeRole:
         logger.info("%s: serving %s (engine %s, weights v%d)", self.server_id, self.model_name, self.engine.kind,
                     self.engine.version)
         return self
-
-    def _follow_weights(self) -> None:
-        while not self.stop.requested:
-            self.sync.poll(self.settings.sync_poll_s)
-            try:
-                self._swap()
-            except Exception:  # noqa: BLE001 - the server keeps serving the weights it has
-                logger.exception("%s: following the weights failed; serving v%d", self.server_id,
-                                 self.engine.version)
 
     def _swap(self) -> None:
         self.weights.follow(self.sync)
@@ -365,3 +357,26 @@ class ServeRole:
         if self._follower.is_alive():
             self._follower.join(self.settings.sync_poll_s + 5)
         self.runtime.close()
+
+
+class _FollowWeights:
+    """Serve mode's role loop (``RoleRuntime.run``, on a thread of its own): follow ``sync`` and swap the engine
+    to each new version between generations."""
+
+    def __init__(self, serve: ServeRole) -> None:
+        self.serve = serve
+
+    def start(self, unit) -> None:
+        pass
+
+    def handle(self, unit) -> bool:
+        serve = self.serve
+        serve.sync.poll(serve.settings.sync_poll_s)
+        try:
+            serve._swap()
+        except Exception:  # noqa: BLE001 - the server keeps serving the weights it has
+            logger.exception("%s: following the weights failed; serving v%d", serve.server_id, serve.engine.version)
+        return True
+
+    def finish(self, unit) -> None:
+        pass

@@ -1,18 +1,19 @@
 """The trainer: turns experiences into weight updates. One instance per consumer group (``<run>.trainer``; a
 replay / fan-out trainer takes a group of its own with ``--group``).
 
-Each pass of ``run``, read as numbered steps:
+Each pass of the role loop (``RoleRuntime.run``: ``handle``, then the unit's commit), read as numbered steps:
 1. poll ``experiences`` (read_committed) into the group buffer (one GRPO group = one ``group_id``);
 2. drop groups still incomplete after ``group_timeout_s``;
 3. pick a batch: ``groups_per_train_step`` complete groups, oldest ``step`` first — or a short batch once
    the explorer has finished every step in the buffer and everything it wrote is read (failed or cancelled
    tasks leave a step with fewer groups; waiting for them would deadlock ``fixed`` pacing);
 4. apply the staleness bound (drop or importance-correct), run one optimiser step, note the eids in the audit;
-5. every ``explorer.sync_interval`` steps publish the weights — upload first, then ``WEIGHTS_PUBLISHED``;
-6. in ONE transaction: the step's metrics (and the signal); then commit the trained-through offsets, so the
-   explorer's lag-based backpressure counts what is still untrained (buffered records stay uncommitted);
-7. every ``save_interval`` steps checkpoint: model, optimiser, scheduler, step, the consumed offsets and the
-   buffered-but-untrained experiences, written atomically.
+5. when pacing says so (every ``sync.interval`` steps) publish the weights — upload first, then
+   ``WEIGHTS_PUBLISHED`` (and, under ``trainer_driven``, a SYNC_REQUEST when one is due);
+6. the unit's commit: in ONE transaction the step's metrics (and the signals); then the trained-through offsets,
+   so the explorer's lag-based backpressure counts what is still untrained (buffered records stay uncommitted);
+7. once that is committed, every ``save_interval`` steps checkpoint: model, optimiser, scheduler, step, the
+   consumed offsets and the buffered-but-untrained experiences, written atomically.
 
 Resume loads the newest checkpoint, seeks to *its* offsets (not the group's committed ones) and restores its
 buffer, so nothing is trained twice or skipped; ``trained.jsonl`` in the checkpoint directory lists the eids of
@@ -60,6 +61,7 @@ from streamrft.errors import ConfigError
 from streamrft.kafka import KafkaClients, RecordProducer
 from streamrft.kafka.consumer import Delivered, Offsets
 from streamrft.lifecycle import StopSignal
+from streamrft.pacing import Pacing
 from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, SyncKind, SyncSignal
 from streamrft.schemas import InvalidRecordError
 from streamrft.validation import check_experience
@@ -67,6 +69,7 @@ from .checkpoints import Checkpoints
 from .group_buffer import Group, GroupBuffer
 from .model_paths import resolve_model_path
 from .runtime import RoleRuntime
+from .unit_of_work import UnitOfWork
 from .weight_sync import CollectivePublisher, ObjectStorePublisher
 
 logger = logging.getLogger(__name__)
@@ -92,20 +95,6 @@ def build_engine(config: RunConfig, parallel: SingleProcess | None = None,
         device = config.trainer.device
     return TrainingEngine.from_pretrained(resolve_model_path(config.model.path), training_settings(config),
                                           device=device, parallel=parallel, lora=config.model.lora)
-
-
-def staleness_bound(config: RunConfig) -> int:
-    """Versions an experience may lag behind the weights being trained before the staleness policy applies.
-
-    ``fixed`` pacing lets the explorer roll out ``sync_interval`` steps on one version and run ``sync_offset``
-    further ahead, so trainer step ``t`` sees experiences up to ``sync_interval − 1 + sync_offset`` versions
-    old by design; the bound is never tighter than that (else ``fixed`` would drop its own batches). Other
-    styles: ``explorer.max_staleness``.
-    """
-    e = config.explorer
-    if e.sync_style == "fixed":
-        return max(e.max_staleness, e.sync_interval - 1 + e.sync_offset)
-    return e.max_staleness
 
 
 @dataclass(frozen=True)
@@ -168,7 +157,7 @@ class Trainer:
             raise ConfigError(f"--group {self.name!r}: use letters, digits, '-' and '_', and not another role's name")
         self.primary = self.name == PRIMARY
         self.source = PRIMARY if self.primary else f"{PRIMARY}-{self.name}"
-        self.group_id = config.group(self.source)  # <run>.trainer, <run>.trainer-<group>: one ACL prefix
+        self.consumer_group = config.consumer_group(self.source)  # <run>.trainer, <run>.trainer-<name>: one ACL prefix
         self.topic = config.topic("experiences")
         self.replay = parse_replay_from(replay_from) if isinstance(replay_from, str) else replay_from
         ckpt_dir = config.checkpoint_dir
@@ -176,7 +165,8 @@ class Trainer:
             ckpt_dir = ckpt_dir.with_name(f"{ckpt_dir.name}-{self.name}")
         self.checkpoints = Checkpoints(ckpt_dir, self.settings.keep_checkpoints)
         self.groups_per_step = config.groups_per_train_step
-        self.bound = staleness_bound(config)
+        self.pacing = Pacing.of(config)
+        self.bound = self.pacing.staleness_bound
         self.codec = SingleObjectCodec()  # checkpointed experiences: registry-independent single-object bytes
 
         self.engine = engine if engine is not None else build_engine(config)
@@ -187,7 +177,7 @@ class Trainer:
         model = self.engine.model
         self.check = partial(check_experience, vocab_size=model.get_input_embeddings().num_embeddings,
                              max_tokens=getattr(model.config, "max_position_embeddings", None))
-        self.consumer = self.runtime.consumer("experiences", Experience, self.group_id, client_id=self.source,
+        self.consumer = self.runtime.consumer("experiences", Experience, self.consumer_group, client_id=self.source,
                                               subscribe=False, check=self.check)
         self.publisher = None
         if self.primary:
@@ -196,7 +186,7 @@ class Trainer:
                               else ObjectStorePublisher(config, self.source))
             self.runtime.on_close("weights publisher", self.publisher.close)
         self.buffer = GroupBuffer(config.explorer.repeat_times)
-        self.buffer_cap = config.train_batch_size * (config.explorer.max_buffered_batches + 1)
+        self.buffer_cap = config.train_batch_size * self.pacing.buffered_steps
         self.step = 0
         self.published_version = -1
         self.checkpointed_step = -1
@@ -225,20 +215,25 @@ class Trainer:
     def endpoint(self):
         return self.runtime.endpoint
 
-    # -- the loop -----------------------------------------------------------------------------------------
+    # -- the loop (RoleRuntime.run: poll -> handle -> commit) ----------------------------------------------
     def run(self) -> int:
-        self._start()
-        total = self.settings.total_steps
-        while not self.stop.requested and (total is None or self.step < total):
-            self._read()  # 1.
-            self._expire(time.monotonic())  # 2.
-            batch = self._next_batch()  # 3.
-            if batch is not None:
-                self._train(batch)  # 4.-7.
-            elif self._stream_finished():
-                break
-        self._finish()
+        self.runtime.run(self)
         return self.step
+
+    def handle(self, unit: UnitOfWork) -> bool:
+        if not self._more_to_train():
+            return False
+        self._read()  # 1.
+        self._expire(time.monotonic())  # 2.
+        batch = self._next_batch()  # 3.
+        if batch is not None:
+            self._train(batch, unit)  # 4.-7.
+            return self._more_to_train()
+        return not self._stream_finished()
+
+    def _more_to_train(self) -> bool:
+        total = self.settings.total_steps
+        return total is None or self.step < total
 
     # 1. read ----------------------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -253,7 +248,6 @@ class Trainer:
                 if not self.buffer.add(item):
                     logger.warning("%s: duplicate experience %s at %s ignored", self.source, item.record.eid,
                                    item.where)
-        self.sync.poll(0)
         self.g_buffered.set(len(self.buffer))
 
     # 2. incomplete groups -------------------------------------------------------------------------------
@@ -308,7 +302,7 @@ class Trainer:
         return not self.buffer.complete_groups()
 
     # 4.-7. train, publish, commit, checkpoint -------------------------------------------------------------
-    def _train(self, groups: list[Group]) -> None:
+    def _train(self, groups: list[Group], unit: UnitOfWork) -> None:
         index, experiences = self.step, [exp for g in groups for exp in g.experiences]
         lags = [self.step - e.model_version for e in experiences]
         decision = apply_staleness(experiences, self.step, self.bound, self.settings.staleness_policy)
@@ -319,7 +313,7 @@ class Trainer:
         if not decision.kept:  # nothing to learn from: release the offsets; the counts go with the next step
             logger.warning("%s: all %d experiences of the batch are stale (weights v%d, bound %d); no step",
                            self.source, len(experiences), self.step, self.bound)
-            self.consumer.commit_offsets(self._trained_through())
+            unit.commit_offsets_after(self.consumer, self._trained_through())
             return
         started = time.monotonic()
         metrics = self.engine.train_step(decision.kept, needs_correction=decision.needs_correction)  # 4.
@@ -341,58 +335,39 @@ class Trainer:
             "time/train_step": train_s,
         })
         self._dropped_stale = self._dropped_incomplete = 0
-        signals = []
-        if self.publisher is not None and self.step % self.config.explorer.sync_interval == 0:
-            signal, metrics["time/publish_weights"] = self._publish_weights()  # 5.
-            signals = [signal, *self._sync_request(signal)]
+        if self.publisher is not None and self.pacing.publishes_at(self.step):
+            metrics["time/publish_weights"] = self._publish_weights(unit)  # 5.
             delivery = getattr(self.publisher, "last_delivery", None)
             if delivery is not None:  # collective: how many receivers got it by broadcast, in which epoch
                 metrics["weights/broadcast_receivers"] = float(len(delivery.receivers))
                 metrics["weights/epoch"] = float(delivery.epoch)
                 metrics["weights/broadcast_failed"] = float(bool(delivery.failure))
-        self._commit(index, metrics, signals)  # 6.
+        unit.metrics(index, metrics)  # 6.
+        unit.commit_offsets_after(self.consumer, self._trained_through())
+        unit.describe(f"step {index}")
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
-        logger.info("%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, "
-                    "%.2fs", self.source, index, self.step, len(decision.kept), len(groups), decision.dropped,
-                    metrics["actor/reward_mean"], metrics["actor/loss"], train_s)
+        unit.after_commit(lambda: logger.info(
+            "%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, %.2fs",
+            self.source, index, index + 1, len(decision.kept), len(groups), decision.dropped,
+            metrics["actor/reward_mean"], metrics["actor/loss"], train_s))
         if self.step % self.settings.save_interval == 0:
-            self._checkpoint()  # 7.
+            unit.after_commit(self._checkpoint)  # 7.
 
-    def _publish_weights(self) -> tuple[SyncSignal, float]:
+    def _publish_weights(self, unit: UnitOfWork) -> float:
+        """Upload (or broadcast) the weights now; their signals go with the unit. Returns the seconds taken."""
         started = time.monotonic()
         signal = self.publisher.publish(self.engine, self.step)
         self.published_version = self.step
         self.g_published.set(self.step)
-        return signal, time.monotonic() - started
-
-    def _sync_request(self, published: SyncSignal) -> list[SyncSignal]:
-        """``trainer_driven``: every ``trainer.sync_request_interval`` published versions the trainer asks the
-        workers to move to the one just published (SYNC_REQUEST); the explorer paces on these, not on the
-        versions published in between (which bench and eval can still use)."""
-        if self.config.explorer.sync_style != "trainer_driven":
-            return []
-        every = self.settings.sync_request_interval or self.config.explorer.sync_interval
-        if published.version % every:
-            return []
-        return [SyncSignal(kind=SyncKind.SYNC_REQUEST, version=published.version, trainer_step=published.version,
-                           source=self.source, lineage=published.lineage)]
-
-    def _commit(self, index: int, metrics: dict[str, float], signals: list[SyncSignal]) -> None:
-        """The step's metrics and signals in one transaction, then the trained-through offsets."""
-        def produce(producer: RecordProducer) -> None:
-            self._produce_signals(producer, signals)
-            self.metrics.publish(index, metrics)
-
-        self._transaction(produce, f"step {index}")
-        self.consumer.commit_offsets(self._trained_through())
-
-    def _produce_signals(self, producer: RecordProducer, signals: list[SyncSignal]) -> None:
-        for signal in signals:
-            producer.produce(self.config.topic("sync"), signal)
-
-    def _transaction(self, produce, what: str) -> None:
-        self.runtime.transaction(produce, what)
+        unit.produce(self.config.topic("sync"), signal)
+        if self.pacing.sync_request_due(signal.version):
+            # trainer_driven: ask the workers to move to this version; the explorer paces on these requests,
+            # not on the versions published in between (which bench and eval can still use)
+            unit.produce(self.config.topic("sync"), SyncSignal(
+                kind=SyncKind.SYNC_REQUEST, version=signal.version, trainer_step=signal.version,
+                source=self.source, lineage=signal.lineage))
+        return time.monotonic() - started
 
     def _trained_through(self) -> Offsets:
         """Per partition: the oldest buffered offset, else everything read."""
@@ -407,7 +382,7 @@ class Trainer:
         started = time.monotonic()
         buffered = [{"topic": i.topic, "partition": i.partition, "offset": i.offset, "timestamp_ms": i.timestamp_ms,
                      "value": self.codec.encode(i.record)} for i in self.buffer.items()]
-        meta = {"group": self.group_id, "published_version": self.published_version,
+        meta = {"group": self.consumer_group, "published_version": self.published_version,
                 "model_path": self.config.model.path}
         path = self.checkpoints.save(self.step, self.engine.save_state if with_model else None,
                                      self.consumer.positions(), buffered, meta)
@@ -415,7 +390,7 @@ class Trainer:
         logger.info("%s: checkpoint %s (%d buffered) in %.1fs", self.source, path, len(buffered),
                     time.monotonic() - started)
 
-    def _start(self) -> None:
+    def start(self, unit: UnitOfWork) -> None:
         """Catch up on ``sync``; resume from the newest checkpoint, or start a lineage at the replay point / the
         group's committed offsets / the beginning, recorded in a step-0 checkpoint."""
         self.sync.catch_up()
@@ -434,7 +409,8 @@ class Trainer:
         if self.publisher is not None:
             announcement = self.publisher.announcement()
             if announcement is not None:
-                self._transaction(lambda p: p.produce(self.config.topic("sync"), announcement), "NCCL_READY")
+                unit.produce(self.config.topic("sync"), announcement)
+                unit.describe("NCCL_READY")
                 logger.info("%s: weight-sync membership store at %s; the first broadcast waits for %d "
                             "receiver(s)", self.source, announcement.uri, self.publisher.expected_receivers)
             if self.sync.version > self.step:
@@ -442,7 +418,7 @@ class Trainer:
                                "with the process; versions up to v%d are published again from this lineage",
                                self.source, self.sync.version, self.sync.topic, self.step, self.sync.version)
         logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
-                    self.source, self.step, self.group_id, len(self.buffer), self.bound, self.checkpoints.root)
+                    self.source, self.step, self.consumer_group, len(self.buffer), self.bound, self.checkpoints.root)
 
     def _resume(self, path: Path, partitions: Offsets) -> Offsets:
         checkpoint = self.checkpoints.load(path)
@@ -478,7 +454,7 @@ class Trainer:
             offsets = self.clients.offsets_for_time(self.topic, self.replay.timestamp_ms)
             origin = f"replay from {self.replay}"
         else:
-            committed = self.clients.committed(self.group_id, self.topic)
+            committed = self.clients.committed(self.consumer_group, self.topic)
             offsets = {tp: max(committed.get(tp, low), low) for tp, low in partitions.items()}
             origin = "the group's committed offsets" if committed else "the beginning"
         self.checkpoints.truncate_audit(0)
@@ -489,23 +465,22 @@ class Trainer:
 
     def _checkpoint_origin(self, offsets: Offsets) -> None:
         """Step 0: the starting offsets and the base model (no weights written)."""
-        meta = {"group": self.group_id, "published_version": -1, "model_path": self.config.model.path,
+        meta = {"group": self.consumer_group, "published_version": -1, "model_path": self.config.model.path,
                 "origin": True}
         self.checkpoints.save(0, None, offsets, [], meta)
         self.checkpointed_step = 0
 
     # -- the end ------------------------------------------------------------------------------------------
-    def _finish(self) -> None:
+    def finish(self, unit: UnitOfWork) -> None:
         if self.stop.requested:
             logger.info("%s: stop requested after %d steps; checkpointing", self.source, self.step)
         elif self.publisher is not None and self.step > max(self.published_version, 0):
-            signal, seconds = self._publish_weights()
-            signals = [signal, *self._sync_request(signal)]
-            self._transaction(lambda p: self._produce_signals(p, signals), f"publishing v{self.step}")
+            seconds = self._publish_weights(unit)
+            unit.describe(f"publishing v{self.step}")
             logger.info("%s: final weights v%d published in %.1fs", self.source, self.step, seconds)
-        self._checkpoint()
-        logger.info("%s: stopped after %d steps (%d experiences trained, %d buffered)", self.source, self.step,
-                    self.trained, len(self.buffer))
+        unit.after_commit(self._checkpoint)
+        unit.after_commit(lambda: logger.info("%s: stopped after %d steps (%d experiences trained, %d buffered)",
+                                              self.source, self.step, self.trained, len(self.buffer)))
 
     def close(self) -> None:
         self.runtime.close()

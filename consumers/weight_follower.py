@@ -68,7 +68,7 @@ from .weight_sync import CollectiveReceiver, check_announcement, receiver_device
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HINTS", "Refusal", "WeightFollower", "supersedes"]
+__all__ = ["HINTS", "FollowedWeights", "Refusal", "WeightFollower", "supersedes"]
 
 _METHODS = {"object_store": SyncMethod.OBJECT_STORE, "collective": SyncMethod.COLLECTIVE}
 
@@ -445,6 +445,32 @@ class WeightFollower:
                                                 timeout_s=self.receiver_timeout_s).start()
         logger.info("%s: joining the trainer's weight-sync group %s (lineage %s)", self.worker_id, ready.uri,
                     ready.lineage or "-")
+
+
+class FollowedWeights:
+    """A follower and the view of ``sync`` it follows, as the rollout core asks for weights
+    (:class:`streamrft.engines.rollout.Weights`)."""
+
+    def __init__(self, follower: WeightFollower, view: SyncView, stop: StopSignal) -> None:
+        self.follower = follower
+        self.view = view
+        self.stop = stop
+
+    @property
+    def published(self) -> int:
+        return self.view.version
+
+    def serves(self, minimum: int) -> bool:
+        return self.follower.serves(minimum, self.view)
+
+    def newer_due(self) -> bool:
+        return self.follower.newer_due(self.view)
+
+    def swap_to_latest(self) -> bool:
+        return self.follower.swap_to_latest(self.view)
+
+    def ensure(self, minimum: int, timeout_s: float) -> bool:
+        return self.follower.ensure_version(minimum, self.view, self.stop, timeout_s)
 
 
 def _adapter_settings(metadata: dict[str, str]) -> LoraSettings | None:

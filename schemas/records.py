@@ -233,7 +233,8 @@ class SyncSignal(Record):
     }
 
     kind: SyncKind
-    version: int
+    version: int = 0  # model version (the trainer's kinds)
+    step: int = -1  # explorer step (the explorer's kinds)
     trainer_step: int = 0
     method: SyncMethod = SyncMethod.NONE
     uri: str = ""
@@ -243,6 +244,12 @@ class SyncSignal(Record):
     state: str = ""
     created_at: int = field(default_factory=now_ms)
     lineage: str = ""  # trainer lifetime of WEIGHTS_PUBLISHED / NCCL_READY (see SyncSignal.avsc)
+
+    @property
+    def explorer_step(self) -> int:
+        """EXPLORER_STATE: the explorer's next step; CANCEL_STEP: the cancelled step. A record written before
+        ``step`` existed carried it in ``version``."""
+        return self.step if self.step >= 0 else self.version
 
     @property
     def key(self) -> str:

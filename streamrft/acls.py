@@ -113,27 +113,27 @@ def role_acls(config: RunConfig, role: str) -> list[Acl]:
         write("tasks")
     elif role == "explorer":
         read("tasks", "results")
-        group(config.group("explorer"))
+        group(config.consumer_group("explorer"))
         write("rollouts", "control")
         grants.append(("topic", "literal", topic("experiences"), "describe"))
-        group(config.group("trainer"), "describe")
+        group(config.consumer_group("trainer"), "describe")
         dead_letters("tasks", "results", "sync", "control")
         transactional(f"{config.name}.explorer")
     elif role == "rollout":
         read("rollouts")
-        group(config.group("rollout"))
+        group(config.consumer_group("rollout"))
         write("experiences", "results")
         dead_letters("rollouts", "sync")
         transactional(f"{config.name}.rollout.", "prefixed")
     elif role == "trainer":
         read("experiences")
-        group(config.group("trainer"), pattern="prefixed")
+        group(config.consumer_group("trainer"), pattern="prefixed")
         write("sync")
         dead_letters("experiences")
         transactional(f"{config.name}.trainer", "prefixed")
     elif role == "monitor":
         read("metrics")
-        group(config.group("monitor"))
+        group(config.consumer_group("monitor"))
         dead_letters("metrics")
     elif role == "serve":
         write("experiences")

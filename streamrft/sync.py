@@ -45,7 +45,7 @@ class SyncView:
         control = config.topic("control")
         # partition EOF events tell when the history is read (end offsets would count transaction markers)
         self._consumer = clients.consumer(
-            [self.topic, control], SyncSignal, group=f"{config.name}.sync-view", client_id=client_id,
+            [self.topic, control], SyncSignal, group=config.consumer_group("sync-view"), client_id=client_id,
             subscribe=False, dead_letters=dead_letters, extra={"enable.partition.eof": True},
             check={self.topic: partial(check_sync, weights_method=config.trainer.weights.method,
                                        weights_url=config.weights_url),
@@ -53,7 +53,7 @@ class SyncView:
         self._consumer.assign(clients.offsets(self.topic, "start") | clients.offsets(control, "start"))
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()
-        self._cancels: set[int] = set()  # CANCEL_STEP versions not yet known to be valid or superseded
+        self._cancels: set[int] = set()  # CANCEL_STEP steps not yet known to be valid or superseded
         self._cancelled = -1
         self.collective_ready: SyncSignal | None = None  # the trainer's newest weight-sync group (NCCL_READY)
         self.requested: SyncSignal | None = None  # trainer_driven: the version the trainer asked workers to serve
@@ -82,7 +82,7 @@ class SyncView:
     @property
     def cancelled_step(self) -> int:
         """The newest step the explorer cancelled. A CANCEL_STEP counts only once the explorer's state shows
-        the step was published (version < next_step): a forged one for step 10^9 must not cancel everything
+        the step was published (step < next_step): a forged one for step 10^9 must not cancel everything
         (it is held, not dropped, because a cancel and the state that covers it can arrive in either order
         in a compacted topic)."""
         valid = [v for v in self._cancels if v < self.explorer.next_step]
@@ -131,8 +131,8 @@ class SyncView:
             if supersedes(self.requested, signal):
                 self.requested = signal
         elif signal.kind == SyncKind.CANCEL_STEP:
-            if signal.version > self._cancelled:
-                self._cancels.add(signal.version)
+            if signal.explorer_step > self._cancelled:
+                self._cancels.add(signal.explorer_step)
 
     def close(self) -> None:
         self._consumer.close()

@@ -216,6 +216,9 @@ def _check_signal_kind(signal: SyncSignal, kinds: frozenset[SyncKind], topic: st
         other = "control (the explorer's)" if topic == "sync" else "sync (the trainer's)"
         _fail("wrong-topic", f"a {signal.kind.value} signal on {topic}: that kind belongs on {other}")
     _check_count(signal.version, f"{signal.kind.value} signal: version")
+    _check_count(signal.step, f"{signal.kind.value} signal: step", minimum=-1)
+    if kinds is EXPLORER_SIGNALS:
+        _check_count(signal.explorer_step, f"{signal.kind.value} signal: explorer step")
     if len(signal.state) > MAX_STATE_BYTES:
         _fail("oversized", f"{signal.kind.value} signal: state of {len(signal.state):,} characters")
 

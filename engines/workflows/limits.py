@@ -1,16 +1,23 @@
-"""Caps on the work one task may ask for. A task over a cap fails with :class:`OverLimit` (a WorkflowError,
-so the worker reports FAILED with the reason) before or while it runs, instead of holding a worker for hours."""
+"""Caps on the work one task may ask for: the one declaration of these knobs (the run config's ``limits:``
+section extends :class:`WorkLimits`, ``streamrft/config/limits.py``, so a cap added here can be set from YAML
+with no other edit). A task over a cap fails with :class:`OverLimit` (a WorkflowError, so the worker reports
+FAILED with the reason) before or while it runs, instead of holding a worker for hours."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict, Field
 
 
-@dataclass(frozen=True)
-class WorkLimits:
-    max_repeat_times: int = 256
-    max_turns: int = 32
-    max_prompt_tokens: int = 16384
-    max_episode_tokens: int = 4096
+class WorkLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    max_repeat_times: int = Field(default=256, ge=1, description="samples one task may ask for")
+    max_turns: int = Field(default=32, ge=1,
+                           description="model turns of one multi-turn episode: one that reaches it ends there "
+                                       "(truncated); a task whose environment's own rules ask for more FAILS")
+    max_prompt_tokens: int = Field(default=16384, ge=1, description="prompt tokens of one engine call")
+    max_episode_tokens: int = Field(default=4096, ge=1,
+                                    description="response tokens (model and environment turns) of one multi-turn "
+                                                "episode; one that reaches it ends there (truncated)")
 
     def check_repeat_times(self, repeat_times: int) -> None:
         if repeat_times > self.max_repeat_times:

@@ -198,7 +198,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
                 last_refresh = time.monotonic()
                 if live is not None:
                     live.update(render(follower, lags, processes, started, config.name,
-                                       total_steps=config.explorer.total_steps, sync=sync_line(config.explorer, explorer.explorer)))
+                                       max_steps=config.explorer.max_steps, sync=sync_line(config, explorer.explorer)))
                 else:
                     _log_new_steps(follower, reported)
             failed = [p for p in processes if p.returncode not in (None, 0)]

@@ -79,21 +79,16 @@ class ExplorerConfig(Section):
     batch_size: int = Field(default=8, ge=1, description="tasks per step")
     repeat_times: int = Field(default=4, ge=1, description="samples per task (GRPO group size)")
     total_epochs: int | None = Field(default=1, ge=1, description="passes over the tasks topic; null = stream")
-    total_steps: int | None = Field(default=None, ge=1)
+    max_steps: int | None = Field(default=None, ge=1, description="explorer steps to publish; null = until the "
+                                                                 "tasks run out (total_epochs)")
     mode: Literal["both", "explore"] = Field(
         default="both", description="both: pace on a trainer (weights versions, its lag); explore: no trainer "
                                     "(data generation, evaluation of a fixed model): never wait for one")
-    sync_style: Literal["fixed", "trainer_driven", "fully_async"] = "fixed"
-    sync_interval: int = Field(default=1, ge=1)
-    sync_offset: int = Field(default=0, ge=0)
-    max_staleness: int = Field(default=1, ge=0, description="steps the explorer may run ahead of the weights")
     max_inflight_steps: int = Field(
         default=1, ge=1, le=64,
         description="steps published whose results are still being collected; more than 1 lets the explorer run "
                     "ahead (fully_async, trainer_driven, explore mode) while pacing still bounds it: at most "
-                    "max_staleness + 1 steps are in flight when the explorer paces on a trainer")
-    max_buffered_batches: int = Field(default=4, ge=1,
-                                      description="trainer lag on experiences, in batches, before pausing")
+                    "sync.max_staleness + 1 steps are in flight when the explorer paces on a trainer")
     over_rollout: OverRolloutConfig = OverRolloutConfig()
     eval_interval: int | None = Field(default=None, ge=1)
     eval_on_start: bool = Field(default=False, description="evaluate the base model (the weights of step 0) "
@@ -209,10 +204,6 @@ class TrainerConfig(OptimizerSettings, Section):
     staleness_policy: Literal["drop", "importance_weight"] = Field(
         default="drop", description="stale experiences: drop them, or keep them importance-weighted (truncated IS)")
     group_timeout_s: float = Field(default=600.0, gt=0)
-    sync_request_interval: int | None = Field(
-        default=None, ge=1,
-        description="explorer.sync_style trainer_driven: ask the workers to move to new weights every this many "
-                    "published versions (SYNC_REQUEST); default explorer.sync_interval")
     save_interval: int = Field(default=10, ge=1)
     checkpoint_dir: str = "runs/{name}/checkpoints"
     keep_checkpoints: int = Field(default=2, ge=1)

@@ -12,12 +12,14 @@ from streamrft.engines.training.settings import TrainingSettings
 from streamrft.errors import ConfigError
 
 from .base import Section, explain
+from .deprecated import move_keys
 from .environment import read_environment
 from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicConfig, TopicsConfig
 from .kubernetes import KubernetesConfig
 from .limits import LimitsConfig
 from .roles import (ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, ServeConfig,
                     TrainerConfig)
+from .sync import SyncConfig
 
 if TYPE_CHECKING:
     from streamrft.credentials import Credential
@@ -36,6 +38,7 @@ class RunConfig(Section):
     topics: TopicsConfig = TopicsConfig()
     broker: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
     model: ModelConfig = ModelConfig()
+    sync: SyncConfig = SyncConfig()
     explorer: ExplorerConfig = ExplorerConfig()
     rollout: RolloutConfig = RolloutConfig()
     trainer: TrainerConfig = TrainerConfig()
@@ -46,6 +49,11 @@ class RunConfig(Section):
     kubernetes: KubernetesConfig = KubernetesConfig()
 
     model_config = Section.model_config | {"populate_by_name": True}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        return move_keys(data)
 
     @field_validator("topic_prefix_override")
     @classmethod
@@ -145,8 +153,8 @@ class RunConfig(Section):
             out[self.dlq_topic(self.topic(name))] = self.topics.dlq
         return out
 
-    def group(self, role: str) -> str:
-        """Consumer group id of a role, e.g. ``<run>.trainer``."""
+    def consumer_group(self, role: str) -> str:
+        """Kafka consumer group id of a role, e.g. ``<run>.trainer``."""
         return f"{self.name}.{role}"
 
     def on_cluster(self, bootstrap: str, credential: "Credential | None" = None) -> "RunConfig":

@@ -225,7 +225,7 @@ def _scaled_object(config: RunConfig) -> dict[str, Any]:
 def _kafka_trigger(config: RunConfig) -> dict[str, Any]:
     k8s = config.kubernetes
     metadata = {"bootstrapServers": bootstrap_servers(config),
-                "consumerGroup": config.group("rollout"),
+                "consumerGroup": config.consumer_group("rollout"),
                 "topic": config.topic("rollouts"),
                 "lagThreshold": str(k8s.rollout_lag_threshold),
                 "offsetResetPolicy": "earliest",

@@ -11,6 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from ..kafka import KafkaClients
+from streamrft.pacing import Pacing
 from streamrft.schemas import Metric
 
 ROWS = 12
@@ -21,7 +22,7 @@ class MetricsFollower:
 
     def __init__(self, clients: KafkaClients):
         topic = clients.config.topic("metrics")
-        self._consumer = clients.consumer([topic], Metric, group=f"{clients.config.name}.dashboard",
+        self._consumer = clients.consumer([topic], Metric, group=clients.config.consumer_group("dashboard"),
                                           client_id="dashboard", subscribe=False, dead_letters=False)
         self._consumer.assign(clients.offsets(topic, "start"))
         self.by_role: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -66,8 +67,8 @@ def latest_evals(explorer: dict[int, dict[str, float]]) -> dict[str, tuple[int, 
 
 
 def render(follower: MetricsFollower, lags: dict[str, int], processes: list, started: float, run: str, *,
-           total_steps: int | None = None, sync: str = ""):
-    """``sync``: a line saying the sync style and its bounds (``fixed, sync_interval 1``)."""
+           max_steps: int | None = None, sync: str = ""):
+    """``sync``: a line saying what paces the explorer (``sync_line``)."""
     explorer = follower.by_role.get("explorer", {})
     trainer = follower.by_role.get("trainer", {})
     steps = Table(title="steps", expand=True)
@@ -88,7 +89,7 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     # the pace is the time between finished steps: with several steps in flight a step's own time is longer
     step_times = [explorer[step].get("time/step_interval_s", explorer[step]["time/step_s"])
                   for step in sorted(explorer) if "time/step_s" in explorer[step]]
-    side.add_row("progress", progress(len(step_times), total_steps, step_times[-5:]))
+    side.add_row("progress", progress(len(step_times), max_steps, step_times[-5:]))
     if sync:
         side.add_row("sync", sync)
     for taskset, (step, values) in sorted(latest_evals(explorer).items()):
@@ -108,18 +109,10 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
                  subtitle="Ctrl-C stops every role and leaves a resumable run")
 
 
-def sync_line(explorer, state=None) -> str:
-    """What paces the explorer, in a few words (``explorer``: the run's ``explorer`` settings), and, given the
-    explorer's state record, the steps in flight and what the next one waits for."""
-    if explorer.mode == "explore":
-        line = f"explore mode: no trainer, {explorer.sync_style} not applied"
-    elif explorer.sync_style == "fixed":
-        line = f"fixed: sync every {explorer.sync_interval} step(s), offset {explorer.sync_offset}"
-    else:
-        bound = f"at most {explorer.max_staleness} step(s) ahead of the weights"
-        line = (f"trainer_driven: {bound} the trainer requested" if explorer.sync_style == "trainer_driven"
-                else f"fully_async: {bound}")
-    line += f", up to {explorer.max_inflight_steps} step(s) in flight"
+def sync_line(config, state=None) -> str:
+    """What paces the explorer, in a few words (``config``: the run config), and, given the explorer's state
+    record, the steps in flight and what the next one waits for."""
+    line = f"{Pacing.of(config).describe()}, up to {config.explorer.max_inflight_steps} step(s) in flight"
     if state is None:
         return line
     flying = state.steps_in_flight

@@ -29,8 +29,8 @@ def _write_run(tmp_path: Path, tiny_model_dir: Path, name: str, steps: int, task
     config = {
         "name": name,
         "model": {"path": str(tiny_model_dir)},
-        "explorer": {"batch_size": 4, "repeat_times": 4, "total_steps": steps, "sync_style": "fixed",
-                     "sync_interval": 1, "sync_offset": 1, "max_staleness": 2, "metrics_port": None},
+        "explorer": {"batch_size": 4, "repeat_times": 4, "max_steps": steps, "metrics_port": None},
+        "sync": {"style": "fixed", "interval": 1, "offset": 1, "max_staleness": 2},
         "rollout": {"sampling": {"max_tokens": 6}, "metrics_port": None},
         "trainer": {"lr": 1e-3, "micro_batch_size": 8, "save_interval": 1, "metrics_port": None,
                     "checkpoint_dir": str(tmp_path / "{name}" / "checkpoints")},

@@ -27,7 +27,7 @@ def main() -> None:
 
     config = load_config(overrides={"name": args.run, "kafka": {"bootstrap_servers": args.bootstrap}}, env={})
     clients = KafkaClients(config, args.bootstrap)
-    consumer = clients.consumer([args.in_topic], Task, config.group("eos"))
+    consumer = clients.consumer([args.in_topic], Task, config.consumer_group("eos"))
     # A stable transactional.id: a restarted instance fences the killed one and aborts its open transaction.
     producer = clients.producer(transactional_id=f"{config.name}.eos-0")
     transactor = Transactor(producer, consumer)

@@ -112,7 +112,7 @@ def _letters(clients, config, topic: str) -> Counter:
 def test_no_bad_record_stops_a_role_and_each_is_dead_lettered_once(run_config, tiny_model_dir, tmp_path: Path):
     config = run_config(
         model={"path": str(tiny_model_dir)},
-        explorer={"batch_size": 2, "repeat_times": 4, "total_steps": STEPS, "metrics_port": None},
+        explorer={"batch_size": 2, "repeat_times": 4, "max_steps": STEPS, "metrics_port": None},
         rollout={"sampling": {"max_tokens": 3}, "metrics_port": None},
         trainer={"checkpoint_dir": str(tmp_path / "ckpt"), "metrics_port": None, "device": "cpu", "lr": 1e-3,
                  "micro_batch_size": 8, "total_steps": STEPS},

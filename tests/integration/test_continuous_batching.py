@@ -50,12 +50,12 @@ def test_requests_commit_as_each_is_done_and_the_next_reader_redoes_only_the_unf
         assert time.monotonic() < deadline and first.error is None, first.error
         time.sleep(0.2)
     # the fast ones are committed while the slow one (read first, lowest offset) still runs
-    assert first.role.pool.running == 1
+    assert first.role.core.running == 1
     first.stop.request()
     first.join(30)
 
     # what the group committed: the slow request's offset, and the done ones above it in the metadata
-    probe = clients.consumer([config.topic("rollouts")], RolloutRequest, config.group("rollout"), subscribe=False,
+    probe = clients.consumer([config.topic("rollouts")], RolloutRequest, config.consumer_group("rollout"), subscribe=False,
                              dead_letters=False)
     try:
         assert probe.committed([(config.topic("rollouts"), 0)]) == {(config.topic("rollouts"), 0): (0, "done:1,2,3,4")}

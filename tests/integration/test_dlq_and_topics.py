@@ -46,7 +46,7 @@ def test_undecodable_records_go_to_the_dlq_and_consumption_continues(run_config)
             good_ids.append(task.task_id)
     producer.flush()
 
-    consumer = clients.consumer([topic], Task, config.group("dlq-test"))
+    consumer = clients.consumer([topic], Task, config.consumer_group("dlq-test"))
     decoded = []
     deadline = time.monotonic() + 60
     while len(decoded) + consumer.dead_lettered < len(good_ids) + sum(expected_reasons.values()):
@@ -69,7 +69,7 @@ def test_undecodable_records_go_to_the_dlq_and_consumption_continues(run_config)
         assert letter.value == bad[reason]
     offsets = sorted(int(h["streamrft.source.offset"]) for h in headers)
     assert len(set(offsets)) == len(offsets) == 30
-    assert clients.lag(config.group("dlq-test"), topic) == 0
+    assert clients.lag(config.consumer_group("dlq-test"), topic) == 0
     clients.close()
 
 

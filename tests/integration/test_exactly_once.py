@@ -52,5 +52,5 @@ def test_sigkill_between_produce_and_commit(run_config):
     seen = Counter(serde.decode(r.value, out_topic).source
                    for r in read_topic(config.kafka, bootstrap, out_topic, idle_timeout=2))
     assert seen == Counter({f"task-{i}": 1 for i in range(N)})
-    assert clients.lag(config.group("eos"), in_topic) == 0
+    assert clients.lag(config.consumer_group("eos"), in_topic) == 0
     clients.close()

@@ -40,8 +40,8 @@ def test_two_shuffled_epochs_and_eval_rounds(run_config, tmp_path):
     eval_file.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": i + 1}) + "\n"
                                  for i in range(3)))
     config = run_config(
-        explorer={"batch_size": 4, "repeat_times": 2, "total_epochs": 2, "sync_style": "fully_async",
-                  "max_staleness": 100, "metrics_port": None, "eval_interval": 2,
+        sync={"style": "fully_async", "max_staleness": 100},
+        explorer={"batch_size": 4, "repeat_times": 2, "total_epochs": 2, "metrics_port": None, "eval_interval": 2,
                   "eval_tasksets": [{"name": "mini", "path": str(eval_file), "repeat_times": 2}],
                   "selector": {"kind": "shuffle", "block_steps": 4, "seed": 7}},
         rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
@@ -65,8 +65,8 @@ def test_two_shuffled_epochs_and_eval_rounds(run_config, tmp_path):
 
 def test_over_rollout_finishes_steps_early_and_reports_the_rest_cancelled(run_config):
     config = run_config(
-        explorer={"batch_size": 4, "repeat_times": 2, "total_steps": 2, "sync_style": "fully_async",
-                  "max_staleness": 100, "metrics_port": None,
+        sync={"style": "fully_async", "max_staleness": 100},
+        explorer={"batch_size": 4, "repeat_times": 2, "max_steps": 2, "metrics_port": None,
                   "over_rollout": {"ratio": 0.5}},
         rollout={"engine": "fake", "fake_latency_s": 0.4, "requests_in_flight": 1, "metrics_port": None})
     clients, state = _run(config, make_arithmetic_tasks(8, seed=6))
@@ -91,8 +91,9 @@ def test_streaming_mode_rolls_out_tasks_injected_while_it_runs(run_config):
     import time
 
     config = run_config(
-        explorer={"batch_size": 4, "repeat_times": 2, "total_epochs": None, "total_steps": 2, "idle_wait_s": 1.0,
-                  "sync_style": "fully_async", "max_staleness": 100, "metrics_port": None},
+        sync={"style": "fully_async", "max_staleness": 100},
+        explorer={"batch_size": 4, "repeat_times": 2, "total_epochs": None, "max_steps": 2, "idle_wait_s": 1.0,
+                  "metrics_port": None},
         rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
@@ -136,8 +137,8 @@ def test_a_task_past_its_timeout_is_stopped_retried_and_holds_nothing_else(run_c
     """rollout.task_timeout_s 1.5 s: a task of 60 samples × 0.1 s is stopped (TIMEOUT), published again, stopped
     again; a task that fails once succeeds on its retry; the step ends long before the slow task would have."""
     config = run_config(
-        explorer={"batch_size": 4, "repeat_times": 2, "total_steps": 1, "sync_style": "fully_async",
-                  "max_staleness": 100, "max_retries": 1, "metrics_port": None},
+        sync={"style": "fully_async", "max_staleness": 100},
+        explorer={"batch_size": 4, "repeat_times": 2, "max_steps": 1, "max_retries": 1, "metrics_port": None},
         rollout={"engine": "fake", "task_timeout_s": 1.5, "requests_in_flight": 8, "metrics_port": None})
     FlakyOnce.seen.clear()
     fast = make_arithmetic_tasks(2, seed=8)
@@ -185,8 +186,8 @@ def test_explore_mode_runs_without_a_trainer_in_every_sync_style(run_config, sty
     (fixed pacing would wait for v1 forever, and the unread experiences would stop it after
     max_buffered_batches)."""
     config = run_config(
-        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "total_steps": 4, "sync_style": style,
-                  "max_staleness": 0, "max_buffered_batches": 1, "metrics_port": None},
+        sync={"style": style, "max_staleness": 0, "max_buffered_batches": 1},
+        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "max_steps": 4, "metrics_port": None},
         rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
     clients, state = _run(config, make_arithmetic_tasks(8, seed=11), timeout=60)
     assert state.done and state.next_step == 4
@@ -209,7 +210,7 @@ def test_eval_rounds_run_beside_training_and_eval_on_start_evaluates_the_base_mo
     from streamrft.validation import ExplorerState
 
     config = run_config(
-        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "total_steps": 4, "eval_interval": 2,
+        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "max_steps": 4, "eval_interval": 2,
                   "eval_on_start": True, "metrics_port": None,
                   "eval_tasksets": [{"name": "mini", "path": _eval_file(tmp_path, 4), "repeat_times": 4}]},
         rollout={"engine": "fake", "fake_latency_s": 0.05, "metrics_port": None})
@@ -234,7 +235,7 @@ def test_a_restarted_explorer_collects_the_steps_it_left_in_flight(run_config):
     """max_inflight_steps 3: the explorer stops with several steps in flight; a new one collects their results
     from where they begin on ``results`` and finishes every step once, rolling out no task twice."""
     config = run_config(
-        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "total_steps": 6,
+        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "max_steps": 6,
                   "max_inflight_steps": 3, "metrics_port": None},
         rollout={"engine": "fake", "fake_latency_s": 0.15, "requests_in_flight": 1, "metrics_port": None})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)

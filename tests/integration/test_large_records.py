@@ -34,7 +34,7 @@ def test_records_larger_than_a_partition_fetch_arrive_whole_and_in_order(run_con
         producer.produce(topic, record)
     producer.flush()
 
-    consumer = clients.consumer([topic], Experience, config.group("large"))
+    consumer = clients.consumer([topic], Experience, config.consumer_group("large"))
     got: list[Experience] = []
     deadline = time.monotonic() + 60
     while len(got) < len(sent):

@@ -38,8 +38,8 @@ def _clients(config) -> KafkaClients:
 def _settings(model_dir: Path, ckpt: Path, steps: int, **limits) -> dict:
     return {
         "model": {"path": str(model_dir)},
-        "explorer": {"batch_size": 4, "repeat_times": 4, "total_steps": steps, "sync_style": "fixed",
-                     "sync_interval": 1, "metrics_port": None},
+        "explorer": {"batch_size": 4, "repeat_times": 4, "max_steps": steps, "metrics_port": None},
+        "sync": {"style": "fixed", "interval": 1},
         "rollout": {"sampling": {"max_tokens": 110, "temperature": 1.0, "seed": 0}, "metrics_port": None},
         "limits": limits,
         "trainer": {"checkpoint_dir": str(ckpt), "metrics_port": None, "device": "cpu", "lr": 1e-3,

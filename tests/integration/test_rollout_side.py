@@ -14,11 +14,11 @@ from .roles import RoleThread, group_sizes, produce_tasks, read_all, wait_for, w
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
 
-def _config(run_config, tiny_model_dir, **explorer):
+def _config(run_config, tiny_model_dir, sync: dict | None = None, **explorer):
     return run_config(
         model={"path": str(tiny_model_dir)},
-        explorer={"batch_size": 8, "repeat_times": 4, "total_steps": 3, "sync_style": "fully_async",
-                  "max_staleness": 100, "metrics_port": None, **explorer},
+        sync={"style": "fully_async", "max_staleness": 100, **(sync or {})},
+        explorer={"batch_size": 8, "repeat_times": 4, "max_steps": 3, "metrics_port": None, **explorer},
         rollout={"sampling": {"max_tokens": 6}, "metrics_port": None},
         topics={"rollouts": {"partitions": 4}},
     )
@@ -67,7 +67,7 @@ def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir
     from streamrft.kafka.reader import read_topic
     from streamrft.schemas import Task
 
-    config = _config(run_config, tiny_model_dir, total_steps=1, batch_size=4)
+    config = _config(run_config, tiny_model_dir, max_steps=1, batch_size=4)
     # one request in flight: the worker pauses its partitions whenever it is full; nothing may be lost on resume
     config = config.model_copy(update={"rollout": config.rollout.model_copy(update={"requests_in_flight": 1})})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
@@ -105,8 +105,8 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
     from streamrft.engines.weights.object_store import ObjectStore
     from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 
-    config = _config(run_config, tiny_model_dir, total_steps=2, batch_size=2, sync_style="fixed", sync_interval=1,
-                     max_staleness=0)
+    config = _config(run_config, tiny_model_dir, max_steps=2, batch_size=2,
+                     sync={"style": "fixed", "interval": 1, "max_staleness": 0})
     config = config.model_copy(update={"trainer": config.trainer.model_copy(
         update={"checkpoint_dir": str(tiny_model_dir.parent / f"{config.name}-ckpt")})})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)

@@ -80,7 +80,7 @@ def test_the_loop_runs_with_a_principal_per_role_and_only_the_acls_streamrft_der
     steps = 2
     run = SecuredRun(secure_broker, tmp_path / "credentials",
                      model={"path": str(tiny_model_dir)},
-                     explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps, "metrics_port": None},
+                     explorer={"batch_size": 2, "repeat_times": 4, "max_steps": steps, "metrics_port": None},
                      rollout={"engine": "fake", "metrics_port": None},
                      trainer={"checkpoint_dir": str(tmp_path / "ckpt"), "metrics_port": None, "device": "cpu",
                               "total_steps": steps, "micro_batch_size": 8},
@@ -158,12 +158,12 @@ def test_each_principal_is_refused_what_its_role_may_not_do_with_a_message_that_
             eid="e/0", group_id="e", task_id="t", step=0, kind=RolloutKind.TRAIN, run_index=0, model_version=0, tokens=b"\0" * 8,
             prompt_length=1, logprobs=b"\0" * 4, reward=0.0)))
         assert f"WRITE on topic {config.topic('experiences')}" in message
-        message = _refusal(lambda: read(tasks, "experiences", config.group("trainer"), Experience))
-        assert f"User:{name}.tasks READ on group {config.group('trainer')}" in message  # the group is checked first
+        message = _refusal(lambda: read(tasks, "experiences", config.consumer_group("trainer"), Experience))
+        assert f"User:{name}.tasks READ on group {config.consumer_group('trainer')}" in message  # the group is checked first
         message = _refusal(lambda: tasks.offsets(config.topic("experiences")))  # and without a group, the topic
         assert f"User:{name}.tasks DESCRIBE on topic {config.topic('experiences')}" in message
-        message = _refusal(lambda: read(tasks, "rollouts", config.group("rollout"), RolloutRequest))
-        assert f"User:{name}.tasks READ on group {config.group('rollout')}" in message
+        message = _refusal(lambda: read(tasks, "rollouts", config.consumer_group("rollout"), RolloutRequest))
+        assert f"User:{name}.tasks READ on group {config.consumer_group('rollout')}" in message
         # a rollout worker may not publish weights
         message = _refusal(lambda: write(run.clients("rollout"), "sync", signal))
         assert f"User:{name}.rollout WRITE on topic {config.topic('sync')}" in message
@@ -171,9 +171,9 @@ def test_each_principal_is_refused_what_its_role_may_not_do_with_a_message_that_
         message = _refusal(lambda: write(other.clients("trainer"), "sync", signal))
         assert f"User:{other.name}.trainer WRITE on topic {config.topic('sync')}" in message
         assert "No role of this run is allowed that" in message  # run B's ACLs hold nothing of run A
-        message = _refusal(lambda: read(other.clients("rollout"), "rollouts", config.group("rollout"),
+        message = _refusal(lambda: read(other.clients("rollout"), "rollouts", config.consumer_group("rollout"),
                                         RolloutRequest))
-        assert f"User:{other.name}.rollout READ on group {config.group('rollout')}" in message
+        assert f"User:{other.name}.rollout READ on group {config.consumer_group('rollout')}" in message
         # and a transactional id of this run's is not theirs either
         message = _refusal(lambda: other.clients("trainer").producer(transactional_id=f"{name}.trainer")
                            .init_transactions(10))

@@ -24,8 +24,8 @@ from streamrft.consumers.trainer import (
     ReplayStart,
     Trainer,
     parse_replay_from,
-    staleness_bound,
 )
+from streamrft.pacing import Pacing
 from streamrft.kafka import KafkaClients
 from streamrft.kafka.consumer import Delivered
 from streamrft.schemas import (
@@ -47,10 +47,12 @@ PROMPT = [5, 6, 7, 8]
 
 
 # ----------------------------------------------------------------------------------------------------- helpers
-def _settings(tiny_model_dir, ckpt: Path, *, trainer: dict | None = None, explorer: dict | None = None) -> dict:
+def _settings(tiny_model_dir, ckpt: Path, *, trainer: dict | None = None, explorer: dict | None = None,
+              sync: dict | None = None) -> dict:
     """Overrides of a run config (also written as YAML for trainer subprocesses)."""
     return {
         "model": {"path": str(tiny_model_dir)},
+        "sync": sync or {},
         "explorer": {"batch_size": 2, "repeat_times": 4, "metrics_port": None, **(explorer or {})},
         "rollout": {"sampling": {"max_tokens": 3}, "metrics_port": None},
         "trainer": {"checkpoint_dir": str(ckpt), "metrics_port": None, "device": "cpu", "lr": 1e-3,
@@ -125,12 +127,12 @@ def test_replay_from_parses_offsets_and_times(text, expected):
 
 
 def test_staleness_bound_covers_fixed_pacing():
-    def bound(**explorer):
-        return staleness_bound(load_config(overrides={"explorer": explorer}, env={}))
+    def bound(**sync):
+        return Pacing.of(load_config(overrides={"sync": sync}, env={})).staleness_bound
 
-    assert bound(sync_style="fixed", sync_interval=1, max_staleness=1) == 1
-    assert bound(sync_style="fixed", sync_interval=4, sync_offset=1, max_staleness=1) == 4
-    assert bound(sync_style="fully_async", sync_interval=4, max_staleness=2) == 2
+    assert bound(style="fixed", interval=1, max_staleness=1) == 1
+    assert bound(style="fixed", interval=4, offset=1, max_staleness=1) == 4
+    assert bound(style="fully_async", interval=4, max_staleness=2) == 2
 
 
 def test_group_buffer_completes_orders_and_holds_offsets():
@@ -209,8 +211,7 @@ def test_grpo_through_explorer_workers_and_trainer_raises_the_reward(run_config,
     model_dir = build_tiny_model(tmp_path / "model", seed=0, initializer_range=0.1) if lora else tiny_model_dir
     settings = _settings(
         model_dir, tmp_path / "ckpt",
-        explorer={"batch_size": 4, "repeat_times": 8, "total_steps": steps, "sync_style": "fixed",
-                  "sync_interval": 1},
+        explorer={"batch_size": 4, "repeat_times": 8, "max_steps": steps}, sync={"style": "fixed", "interval": 1},
         trainer={"lr": 5e-2 if lora else 1e-2, "micro_batch_size": 32, "total_steps": steps, "save_interval": 100,
                  "algorithm": {"clip_high": 0.28}})
     settings["rollout"].update(engine=engine, vllm={"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 256})
@@ -617,7 +618,7 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     # A replay lineage counts its own versions: recorded model_versions are the original lineage's, so give the
     # staleness bound room (a replay trainer reads a backlog, in whatever order partitions deliver it).
     config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", trainer={"total_steps": 2},
-                                    explorer={"max_staleness": 10}))
+                                    sync={"max_staleness": 10}))
     clients = _clients(config)
     early, late = steps_of(0, 1), steps_of(2, 3)
     produce(clients, config, early)
@@ -628,7 +629,7 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     time.sleep(0.05)
     produce(clients, config, late)
     assert sorted(audit_eids(config.checkpoint_dir)) == sorted(e.eid for e in early)
-    group, topic = config.group("trainer"), config.topic("experiences")
+    group, topic = config.consumer_group("trainer"), config.topic("experiences")
     deadline = time.monotonic() + 10
     while not (committed := clients.committed(group, topic)):
         assert time.monotonic() < deadline
@@ -645,7 +646,7 @@ def test_fan_out_and_timestamp_replay_leave_the_main_group_alone(run_config, tin
     assert sorted(audit_eids(root.with_name(root.name + "-replay"))) == sorted(e.eid for e in late)
     assert sorted(audit_eids(root)) == sorted(e.eid for e in early)  # the main lineage is untouched
     assert clients.committed(group, topic) == committed
-    assert clients.committed(config.group("trainer-fanout"), topic)
+    assert clients.committed(config.consumer_group("trainer-fanout"), topic)
     published = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)
                  if s.kind == SyncKind.WEIGHTS_PUBLISHED]
     assert [(s.version, s.source) for s in published] == [(1, "trainer"), (2, "trainer")]
@@ -688,9 +689,9 @@ def test_trainer_driven_workers_move_only_to_the_versions_the_trainer_requests(r
 
     steps = 6
     settings = _settings(tiny_model_dir, tmp_path / "ckpt",
-                         explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps,
-                                   "sync_style": "trainer_driven", "sync_interval": 1, "max_staleness": 2},
-                         trainer={"total_steps": steps, "save_interval": 100, "sync_request_interval": 2})
+                         explorer={"batch_size": 2, "repeat_times": 4, "max_steps": steps},
+                         sync={"style": "trainer_driven", "interval": 1, "max_staleness": 2, "request_interval": 2},
+                         trainer={"total_steps": steps, "save_interval": 100})
     settings["rollout"].update(engine="fake", fake_latency_s=0.05)
     config = run_config(**settings)
     clients = _clients(config)
@@ -721,8 +722,8 @@ def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(ru
 
     steps = 6
     settings = _settings(tiny_model_dir, tmp_path / "ckpt",
-                         explorer={"batch_size": 2, "repeat_times": 4, "total_steps": steps,
-                                   "sync_style": "fully_async", "max_staleness": 2, "max_inflight_steps": 3},
+                         explorer={"batch_size": 2, "repeat_times": 4, "max_steps": steps, "max_inflight_steps": 3},
+                         sync={"style": "fully_async", "max_staleness": 2},
                          trainer={"total_steps": steps, "save_interval": 100})
     settings["rollout"].update(engine="fake", fake_latency_s=0.05)
     config = run_config(**settings)

@@ -21,7 +21,7 @@ def test_an_exception_inside_a_transaction_aborts_it_and_the_next_one_commits(ru
     for i in range(3):
         producer.produce(tasks, Task(task_id=f"t{i}", workflow="w", payload="{}"))
     producer.flush()
-    consumer = clients.consumer([tasks], Task, config.group("policy"))
+    consumer = clients.consumer([tasks], Task, config.consumer_group("policy"))
     transactor = Transactor(clients.producer(transactional_id=f"{config.name}.policy"), consumer)
     items = []
     while len(items) < 3:
@@ -33,14 +33,14 @@ def test_an_exception_inside_a_transaction_aborts_it_and_the_next_one_commits(ru
 
     with pytest.raises(ValueError, match="a bug"):
         transactor.run(failing, "the failing unit")
-    assert transactor.aborted == 1 and clients.committed(config.group("policy"), tasks) == {}
+    assert transactor.aborted == 1 and clients.committed(config.consumer_group("policy"), tasks) == {}
 
     transactor.run(lambda p: p.produce(metrics, Metric(source="s", role="r", name="done", value=1.0, step=0)),
                    "the next unit")
     names = [clients.serde.decode(raw.value, metrics, Metric).name
              for raw in read_to_end(config.kafka, clients.bootstrap, metrics)]
     assert names == ["done"]  # the aborted record is invisible to read_committed readers
-    assert clients.committed(config.group("policy"), tasks) == {(tasks, 0): 3}  # offsets went with the commit
+    assert clients.committed(config.consumer_group("policy"), tasks) == {(tasks, 0): 3}  # offsets went with the commit
     consumer.close()
     clients.close()
 

@@ -54,7 +54,7 @@ def forged(real: SyncSignal, store_url: str) -> dict[str, SyncSignal]:
 def test_forged_signals_are_refused_and_a_resumed_trainer_is_followed(run_config, tiny_model_dir, tmp_path: Path):
     ckpt = tmp_path / "ckpt"
     config = run_config(**_settings(tiny_model_dir, ckpt, trainer={"total_steps": 3, "save_interval": 2},
-                                    explorer={"sync_style": "fully_async"}))
+                                    sync={"style": "fully_async"}))
     clients = _clients(config)
     produce(clients, config, steps_of(0, 2))
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()

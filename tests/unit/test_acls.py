@@ -47,7 +47,7 @@ def test_topics_are_literal_and_no_acl_of_one_run_matches_another_runs_resources
             assert not acl.matches("topic", b.topic(name), acl.operation)
             assert not acl.matches("topic", b.dlq_topic(b.topic(name)), acl.operation)
         for role in ("explorer", "rollout", "trainer", "monitor"):
-            assert not acl.matches("group", b.group(role), acl.operation)
+            assert not acl.matches("group", b.consumer_group(role), acl.operation)
 
 
 def test_a_dot_in_a_run_name_is_refused_on_a_secured_cluster():

@@ -195,10 +195,10 @@ def test_prometheus_scrapes_every_role_where_it_serves(services):
 
 
 def _published_metric_names() -> set[str]:
-    """Metric names the roles publish: the literals in the code that builds them (one role per file), plus the
+    """Metric names the roles publish: the literals in the code that builds them (the roles' files), plus the
     computed eval names."""
     root = COMPOSE.parent
-    sources = [*(root / "consumers").glob("*.py"), *(root / "engines" / "training").glob("*.py"),
+    sources = [*(root / "consumers").rglob("*.py"), *(root / "engines" / "training").glob("*.py"),
                root / "streamrft" / "rollout_stats.py"]
     pattern = re.compile(r'"((?:rollout|rollout_worker|actor|trainer|time)/[A-Za-z0-9_]+)"')
     names = {name for path in sources for name in pattern.findall(path.read_text())}

@@ -14,7 +14,7 @@ def test_defaults_describe_the_embedded_run():
     config = load_config(env={})
     assert config.kafka.embedded
     assert config.topic("experiences") == "rft.demo.experiences"
-    assert config.group("rollout") == "demo.rollout"
+    assert config.consumer_group("rollout") == "demo.rollout"
     assert config.topics.sync.cleanup_policy == "compact,delete"
     assert config.topics.experiences.max_message_bytes == 16 * 1024 * 1024
 

@@ -44,9 +44,8 @@ def test_dashboard_shows_progress_with_an_eta_the_latest_eval_round_and_the_sync
         3: {"time/step_s": 10.0},
     }
     console = Console(record=True, width=160)
-    explorer = load_config(overrides={"explorer": {"sync_style": "trainer_driven", "max_staleness": 2}},
-                           env={}).explorer
-    console.print(render(follower, {}, [], time.monotonic() - 120, "demo", total_steps=10, sync=sync_line(explorer)))
+    config = load_config(overrides={"sync": {"style": "trainer_driven", "max_staleness": 2}}, env={})
+    console.print(render(follower, {}, [], time.monotonic() - 120, "demo", max_steps=10, sync=sync_line(config)))
     text = console.export_text()
     assert "4/10 steps, ETA 1.0 min" in text  # 6 more steps of 10 s (the recent steps' pace, not the uptime's)
     assert "eval mini (after step 2)" in text and "best@4 0.750, mean@4 0.375" in text
@@ -60,21 +59,21 @@ def test_dashboard_says_which_steps_are_in_flight_and_what_the_next_one_waits_fo
     from streamrft.launch.dashboard import sync_line
     from streamrft.validation import ExplorerState
 
-    explorer = load_config(overrides={"explorer": {"sync_style": "fully_async", "max_staleness": 2,
-                                                   "max_inflight_steps": 3}}, env={}).explorer
+    config = load_config(overrides={"sync": {"style": "fully_async", "max_staleness": 2},
+                                    "explorer": {"max_inflight_steps": 3}}, env={})
     state = ExplorerState(next_step=7, finished_step=3, waiting="weights v5 (has v4)",
                           in_flight=[{"step": 4, "requests": []}, {"step": 5, "requests": []},
                                      {"step": 3, "requests": [], "eval": "mini"}, {"step": 6, "requests": []}])
-    line = sync_line(explorer, state)
+    line = sync_line(config, state)
     assert line.startswith("fully_async: at most 2 step(s) ahead of the weights, up to 3 step(s) in flight")
     assert line.endswith("in flight: 4, 5, 6; step 7 waits for weights v5 (has v4)")
-    assert sync_line(explorer, ExplorerState(next_step=2, finished_step=1)).endswith("in flight: none")
+    assert sync_line(config, ExplorerState(next_step=2, finished_step=1)).endswith("in flight: none")
 
     follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
     follower.by_role["explorer"] = {  # 3 steps in flight: each takes 30 s, one finishes every 10 s
         s: {"time/step_s": 30.0, "time/step_interval_s": 10.0} for s in range(4)}
     follower.by_role["explorer"][-1] = {"eval/mini/mean@4": 0.125}
     console = Console(record=True, width=160)
-    console.print(render(follower, {}, [], time.monotonic(), "demo", total_steps=10, sync=line))
+    console.print(render(follower, {}, [], time.monotonic(), "demo", max_steps=10, sync=line))
     text = console.export_text()
     assert "ETA 1.0 min" in text and "eval mini (base model)" in text and "waits for weights v5" in text

@@ -1,41 +1,13 @@
-"""The explorer's arithmetic, without Kafka: pacing (the staleness bound), task selection, step metrics."""
+"""The explorer's arithmetic, without Kafka: task selection, step metrics (pacing: test_pacing.py)."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from streamrft.pacing import lag_allows, may_publish, required_version
 from streamrft.rollout_stats import eval_metrics, step_metrics
 from streamrft.schemas import RolloutResult, RolloutStatus, Task
 from streamrft.selection import Selector
-
-
-@pytest.mark.parametrize("step,expected", [(0, 0), (1, 1), (2, 2), (7, 7)])
-def test_fixed_sync_every_step_is_on_policy(step, expected):
-    assert required_version(step, "fixed", sync_interval=1, sync_offset=0, max_staleness=5) == expected
-
-
-@pytest.mark.parametrize("step,expected", [(0, 0), (1, 0), (2, 2), (3, 2), (4, 4)])
-def test_fixed_sync_interval_two_runs_two_steps_per_version(step, expected):
-    assert required_version(step, "fixed", sync_interval=2, sync_offset=0, max_staleness=0) == expected
-
-
-@pytest.mark.parametrize("step,expected", [(0, 0), (1, 0), (2, 1), (5, 4)])
-def test_fixed_sync_offset_lets_the_explorer_run_ahead(step, expected):
-    assert required_version(step, "fixed", sync_interval=1, sync_offset=1, max_staleness=0) == expected
-
-
-@pytest.mark.parametrize("style", ["fully_async", "trainer_driven"])
-def test_async_styles_bound_staleness_by_max_staleness(style):
-    assert required_version(10, style, sync_interval=1, sync_offset=0, max_staleness=3) == 7
-    assert may_publish(10, 7, style, 1, 0, 3)
-    assert not may_publish(10, 6, style, 1, 0, 3)  # step − version = 4 > 3
-
-
-def test_trainer_lag_bound():
-    assert lag_allows(128, max_buffered_batches=4, experiences_per_step=32)
-    assert not lag_allows(129, max_buffered_batches=4, experiences_per_step=32)
 
 
 def _tasks(n):

@@ -135,7 +135,7 @@ def test_keda_scales_the_rollout_workers_on_their_groups_lag(manifests, config):
     assert scaled["spec"]["scaleTargetRef"]["name"] in _by_kind(manifests, "Deployment")
     trigger = scaled["spec"]["triggers"][0]
     assert trigger["type"] == "kafka"
-    assert trigger["metadata"]["consumerGroup"] == config.group("rollout") == "demo.rollout"
+    assert trigger["metadata"]["consumerGroup"] == config.consumer_group("rollout") == "demo.rollout"
     assert trigger["metadata"]["topic"] == config.topic("rollouts")
     assert trigger["metadata"]["lagThreshold"] == str(config.kubernetes.rollout_lag_threshold)
     assert scaled["spec"]["maxReplicaCount"] == config.topics.rollouts.partitions

@@ -1,0 +1,326 @@
+"""The explorer role: decides what to roll out and when.
+
+Each pass of the role loop (``RoleRuntime.run``: ``handle``, then the unit's commit), read as numbered steps:
+1. while the window has room (``explorer.max_inflight_steps``) and pacing allows the next step (the staleness
+   bound and the trainer's backlog, :class:`~streamrft.pacing.Pacing`): take ``batch_size`` tasks from the task
+   source and publish the step — a RolloutRequest per task;
+2. collect ``results`` for every step and eval round in flight, publishing again the failed tasks that have
+   retries left;
+3. finish the oldest steps that can be (over-rollout may finish one early and cancel its stragglers;
+   ``step_timeout_s`` reports the rest TIMEOUT), in order, with their metrics, and every ``eval_interval``
+   steps start an eval round; publish the metrics of the eval rounds that are complete.
+
+All of one pass is ONE transaction with the explorer's state record on ``control`` and the ``tasks`` offsets:
+every transaction of the explorer commits those offsets, so every one also writes the record that says which of
+those tasks are pending and which rounds are in flight (the record and the offsets always agree). The explorer's
+whole state lives in topics: that record (compacted; it references tasks by partition and offset and rounds by
+request id, never embeds them) and the committed ``tasks`` offsets. A restart collects the rounds in flight
+from where their results begin. Tasks and results are checked where they are read (``streamrft.validation``);
+a bad one goes to its DLQ once and the explorer goes on. The explorer also owns the dead letters of ``sync``
+and ``control``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+
+from prometheus_client import Counter, Gauge
+
+from streamrft.config import RunConfig
+from streamrft.kafka import KafkaClients
+from streamrft.lifecycle import StopSignal
+from streamrft.pacing import Pacing
+from streamrft.rollout_stats import retry_metrics, step_metrics
+from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
+from streamrft.selection import Selector
+from streamrft.validation import ExplorerState, check_result, check_task
+
+from ..runtime import RoleRuntime
+from ..unit_of_work import UnitOfWork
+from .evals import EvalRounds
+from .retries import Retries
+from .rounds import Round, Window, round_of
+from .tasks import TaskSource
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.5
+
+
+class Explorer:
+    def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, source: str = "explorer"):
+        self.config = config
+        self.settings = config.explorer
+        self.clients = clients
+        self.stop = stop
+        self.source = source
+        self.pacing = Pacing.of(config)
+        self.runtime = RoleRuntime(config, clients, stop, role="explorer", source=source,
+                                   transactional_id=f"{config.name}.explorer", owns_sync_dead_letters=True)
+        self.sync = self.runtime.sync
+        tasks = self.runtime.consumer("tasks", Task, config.consumer_group("explorer"), client_id=source,
+                                      check=partial(check_task, max_bytes=config.limits.max_task_bytes),
+                                      extra={"enable.partition.eof": True})
+        self.runtime.bind(tasks)
+        self.results = self.runtime.consumer("results", RolloutResult, config.consumer_group("explorer"),
+                                             client_id=f"{source}-results", subscribe=False, check=check_result)
+        self.state = ExplorerState()  # restored from control at start; shared with the task source (pending, epoch)
+        self.selector = Selector(self.settings.selector.kind, self.settings.selector.seed)
+        self.tasks = TaskSource(config, clients, tasks, self.selector, stop, source)
+        self.window = Window(self.settings)  # training steps in flight, oldest first
+        self.evals = EvalRounds(self.settings)  # eval rounds in flight
+        self.retries = Retries(self.settings.max_retries)
+        self._last_finish = time.monotonic()
+        self._noted: tuple[int, str] | None = None  # (step, cause) the explorer last said it waits for
+        self._rollout_partitions = len(clients.offsets(config.topic("rollouts")))
+        self._next_partition = 0
+        registry = self.runtime.registry
+        self.g_step = Gauge("streamrft_explorer_step", "next explorer step", registry=registry)
+        self.g_version = Gauge("streamrft_explorer_model_version", "latest published weights version",
+                               registry=registry)
+        self.g_waiting = Gauge("streamrft_explorer_waiting", "1 while held back by staleness or trainer lag",
+                               registry=registry)
+        self.g_in_flight = Gauge("streamrft_explorer_steps_in_flight", "training steps published, not finished",
+                                 registry=registry)
+        self.c_results = Counter("streamrft_explorer_results", "rollout results by status", ["status"],
+                                 registry=registry)
+        self.runtime.serve(self.settings.metrics_port)
+
+    @property
+    def endpoint(self):
+        return self.runtime.endpoint
+
+    # -- the loop (RoleRuntime.run: poll -> handle -> commit) ----------------------------------------------
+    def run(self) -> ExplorerState:
+        self.runtime.run(self, self.runtime.unit_of_work(state=self._state_record))
+        return self.state
+
+    def start(self, unit: UnitOfWork) -> None:
+        self.sync.catch_up()
+        self.state = state = self.sync.explorer
+        self.tasks.restore(state)
+        self.window.restore(state.in_flight)
+        self.evals.restore(state.in_flight)
+        self._start_results_reader()
+        if self.settings.selector.kind == "difficulty":
+            self._replay_results_for_selector()
+        if state.done:
+            logger.info("explorer: the run is already complete (step %d); nothing to do", state.next_step)
+            return
+        if state.in_flight:
+            logger.info("explorer: resuming; collecting step(s) %s and %d eval round(s) in flight",
+                        state.steps_in_flight, len(self.evals))
+        logger.info("explorer: starting at step %d, epoch %d, up to %d step(s) in flight", state.next_step,
+                    state.epoch, self.settings.max_inflight_steps)
+        if not self.pacing.paced:
+            logger.info("explorer: %s (max_buffered_batches does not apply; requests take whatever weights the "
+                        "workers serve)", self.pacing.describe())
+        self._last_finish = time.monotonic()
+
+    def handle(self, unit: UnitOfWork) -> bool:
+        if self.state.done:
+            return False
+        while not self.stop.requested and self._publish_next_step(unit):  # 1.
+            pass
+        if self._publishing_over and not self.window and not self.evals:
+            return False
+        self._collect(unit, timeout=POLL_S / 2)  # 2.
+        self._finish_ready(unit)  # 3.
+        return True
+
+    def finish(self, unit: UnitOfWork) -> None:
+        if self.stop.requested or self.state.done:
+            return
+        self.state.done = True
+        self.state.waiting = ""
+        unit.touch()
+        unit.describe("marking the run done")
+        unit.after_commit(lambda: logger.info("explorer: done after %d steps", self.state.next_step))
+
+    # 1. pacing and publishing -----------------------------------------------------------------------------
+    def _publish_next_step(self, unit: UnitOfWork) -> bool:
+        """Publish the next step if the window has room, there are tasks and pacing allows it."""
+        if self._publishing_over or not self.window.has_room:
+            return False
+        step = self.state.next_step
+        if not self.tasks.ready(wait=not (self.window or self.evals)):
+            return False
+        self.g_version.set(self.sync.version)
+        hold = self.pacing.hold(step, self.sync, self._trainer_lag)
+        self.g_waiting.set(1 if hold else 0)
+        if hold:
+            self._note_waiting(unit, step, hold.cause, hold.waits_for)
+            return False
+        self._publish_step(unit, step, self.tasks.take())
+        return True
+
+    @property
+    def _publishing_over(self) -> bool:
+        max_steps = self.settings.max_steps
+        return self.tasks.exhausted or (max_steps is not None and self.state.next_step >= max_steps)
+
+    def _trainer_lag(self) -> int | None:
+        return self.clients.lag(self.config.consumer_group("trainer"), self.config.topic("experiences"))
+
+    def _note_waiting(self, unit: UnitOfWork, step: int, cause: str, waits_for: str) -> None:
+        """Say once per step and cause what the explorer waits for: in the log, and in the state record for
+        the dashboard (every commit writes the state)."""
+        if self._noted == (step, cause):
+            return
+        self._noted = (step, cause)
+        self.state.waiting = waits_for
+        logger.info("explorer: step %d waits for %s (in flight: %s)", step, waits_for, self.window.steps or "none")
+        unit.touch()
+        unit.describe(f"noting that step {step} waits")
+
+    def _publish_step(self, unit: UnitOfWork, step: int, batch: list[tuple[int, Task]]) -> None:
+        s = self.settings
+        min_version = self.pacing.min_model_version(step, self.sync)
+        requests = {}
+        for epoch, task in batch:
+            request = RolloutRequest(request_id=f"s{step}-e{epoch}-{task.task_id}", step=step,
+                                     kind=RolloutKind.TRAIN, task=task,
+                                     repeat_times=task.repeat_times or s.repeat_times,
+                                     min_model_version=min_version, deadline_ms=self._deadline_ms())
+            requests[request.request_id] = request
+        self.state.next_step = step + 1
+        self.state.waiting = ""
+        self.window.add(Round(step, requests, self._results_offsets()))
+        self._publish_requests(unit, requests.values())
+        if step == 0 and s.eval_on_start:
+            self._start_evals(unit, -1)
+        unit.describe(f"publishing step {step}")
+        self.g_step.set(self.state.next_step)
+        self.g_in_flight.set(len(self.window))
+        epoch, in_flight = self.state.epoch, len(self.window)
+        unit.after_commit(lambda: logger.info(
+            "explorer: step %d published: %d tasks (epoch %d, weights >= v%d; %d step(s) in flight)",
+            step, len(requests), epoch, min_version, in_flight))
+
+    def _publish_requests(self, unit: UnitOfWork, requests) -> None:
+        """Round-robin over the partitions (rather than by key hash) so every worker gets an even share."""
+        topic = self.config.topic("rollouts")
+        for request in requests:
+            unit.produce(topic, request, partition=self._next_partition % self._rollout_partitions)
+            self._next_partition += 1
+
+    def _deadline_ms(self) -> int | None:
+        timeout = self.config.rollout.task_timeout_s
+        return int(time.time() * 1000 + timeout * 1000) if timeout else None
+
+    # 2. collect -----------------------------------------------------------------------------------------
+    def _collect(self, unit: UnitOfWork, timeout: float) -> None:
+        """One poll of ``results``: each goes to the round in flight that asked for it (or is retried)."""
+        for item in self.results.poll(max_records=500, timeout=timeout):
+            result = item.record
+            round_ = round_of((*self.window, *self.evals), result.request_id)
+            if round_ is None:  # a straggler of a step already finished (over-rollout / timeout)
+                logger.debug("explorer: late result %s of step %d ignored", result.request_id, result.step)
+                continue
+            retry = self.retries.retry(round_, result, self._deadline_ms())
+            if retry is None:
+                round_.results[result.request_id] = result
+                continue
+            self._publish_requests(unit, [retry])
+            attempts = round_.retries[round_.first_attempt[retry.request_id]]
+            unit.describe(f"retrying {result.request_id} ({attempts} of {self.retries.max_retries})")
+            logger.info("explorer: %s was %s; retry %d of %d as %s", result.request_id, result.status.value,
+                        attempts, self.retries.max_retries, retry.request_id)
+
+    def _results_offsets(self) -> dict[str, int]:
+        return {str(p): o for (_, p), o in self.results.positions().items()}
+
+    def _start_results_reader(self) -> None:
+        """Read ``results`` from where the oldest round in flight's results begin, or from now."""
+        offsets = self.clients.offsets(self.config.topic("results"), "end")
+        for (topic, partition) in offsets:
+            saved = [int(e["results_offsets"][str(partition)]) for e in self.state.in_flight
+                     if str(partition) in e.get("results_offsets", {})]
+            if saved:
+                offsets[(topic, partition)] = min(saved)
+        self.results.assign(offsets)
+
+    def _replay_results_for_selector(self) -> None:
+        from streamrft.kafka.reader import read_topic
+
+        topic = self.config.topic("results")
+        count = 0
+        for raw in read_topic(self.config.kafka, self.clients.bootstrap, topic, idle_timeout=1.0):
+            try:
+                self.selector.observe(self.clients.serde.decode(raw.value, topic, RolloutResult))
+                count += 1
+            except Exception:  # undecodable history is the DLQ's business, not the selector's
+                continue
+        logger.info("explorer: difficulty selector rebuilt from %d past results", count)
+
+    # 3. finish ------------------------------------------------------------------------------------------
+    def _finish_ready(self, unit: UnitOfWork) -> None:
+        """Finish the oldest steps that can be, in order, and the eval rounds that are complete."""
+        now = time.monotonic()
+        while not self.stop.requested and (round_ := self.window.pop_finishable(now)) is not None:
+            self._finish_step(unit, round_, timed_out=self.window.timed_out(round_, now))
+        for round_ in self.evals.complete(now):
+            self._finish_eval(unit, round_)
+
+    def _finish_step(self, unit: UnitOfWork, round_: Round, timed_out: bool) -> None:
+        """The step's metrics, the step marked finished (and an eval round when one is due); results still
+        missing are reported CANCELLED (over-rollout) or TIMEOUT."""
+        missing = round_.missing
+        if missing:
+            status = RolloutStatus.TIMEOUT if timed_out else RolloutStatus.CANCELLED
+            logger.info("explorer: step %d finishes with %d of %d results; %d %s", round_.step,
+                        len(round_.results), len(round_.requests), len(missing), status.value.lower())
+            for rid in missing:
+                request = round_.requests.get(rid)
+                round_.results[rid] = RolloutResult(
+                    request_id=rid, step=round_.step, task_id=request.task.task_id if request else "",
+                    status=status, n=0, model_version=self.sync.version, duration_ms=0, worker_id=self.source)
+            unit.produce(self.config.topic("control"), SyncSignal(kind=SyncKind.CANCEL_STEP, step=round_.step,
+                                                                   source=self.source))
+        results = list(round_.results.values())
+        for result in results:
+            self.c_results.labels(result.status.value).inc()
+            self.selector.observe(result)
+        now = time.monotonic()
+        metrics = step_metrics(results, round_.step, self.sync.version, len(round_.requests))
+        metrics.update(retry_metrics(round_.attempts))
+        metrics["time/step_s"] = now - round_.started
+        metrics["time/step_interval_s"] = now - self._last_finish  # the pace: steps overlap when several fly
+        metrics["explorer/steps_in_flight"] = float(len(self.window) + 1)
+        self._last_finish = now
+        self.state.finished_step = round_.step
+        unit.metrics(round_.step, metrics)
+        if self.evals.due(round_.step):
+            self._start_evals(unit, round_.step)
+        unit.describe(f"finishing step {round_.step}")
+        self.g_in_flight.set(len(self.window))
+        version = self.sync.version
+        unit.after_commit(lambda: logger.info(
+            "explorer: step %d done in %.1fs: reward %.3f, accuracy %.3f, %d ok / %d, weights v%d", round_.step,
+            metrics["time/step_s"], metrics.get("rollout/reward_mean", float("nan")),
+            metrics.get("rollout/accuracy", float("nan")), int(metrics["rollout/ok"]), len(round_.requests),
+            version))
+
+    def _start_evals(self, unit: UnitOfWork, step: int) -> None:
+        rounds = self.evals.start(step, self.sync.version, self._deadline_ms(), self._results_offsets())
+        for round_ in rounds:
+            self._publish_requests(unit, round_.requests.values())
+
+    def _finish_eval(self, unit: UnitOfWork, round_: Round) -> None:
+        metrics = self.evals.metrics(round_)
+        unit.metrics(round_.step, metrics)
+        unit.describe(f"publishing eval {round_.eval_taskset}")
+        when = "the base model" if round_.step < 0 else f"after step {round_.step}"
+        unit.after_commit(lambda: logger.info("explorer: eval %s (%s): %s", round_.eval_taskset, when, ", ".join(
+            f"{k.split('/')[-1]}={v:.3f}" for k, v in metrics.items())))
+
+    # -- the state record, written with every commit ------------------------------------------------------
+    def _state_record(self) -> list[tuple[str, SyncSignal]]:
+        self.state.in_flight = [round_.entry() for round_ in (*self.window, *self.evals)]
+        return [(self.config.topic("control"), SyncSignal(
+            kind=SyncKind.EXPLORER_STATE, step=self.state.next_step, source=self.source,
+            state=self.state.to_json()))]
+
+    def close(self) -> None:
+        self.runtime.close()
