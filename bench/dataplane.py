@@ -24,7 +24,6 @@ import uuid
 from io import BytesIO
 
 import numpy as np
-from confluent_kafka import Consumer, Producer
 from fastavro import schemaless_reader, schemaless_writer
 from rich.console import Console
 from rich.table import Table
@@ -33,7 +32,7 @@ from streamrft.broker import kafka_for
 from streamrft.config import TopicConfig, load_config
 from streamrft.kafka import KafkaClients
 from streamrft.kafka.admin import ensure_topics
-from streamrft.kafka.props import consumer_props, producer_props
+from streamrft.kafka.raw import raw_consumer, raw_producer
 from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, pack_f32, pack_i32, schema_json
 from streamrft.schemas.codec import HEADER_SIZE, SINGLE_OBJECT_MAGIC
 from streamrft.schemas.contract import parsed
@@ -52,9 +51,8 @@ def make_experience(i: int) -> Experience:
 
 
 def raw_round(config, bootstrap: str, topic: str, payloads: list[bytes]) -> float:
-    producer = Producer({k: v for k, v in producer_props(config.kafka, bootstrap).items() if k != "logger"})
-    consumer = Consumer({k: v for k, v in consumer_props(config.kafka, bootstrap, f"raw-{uuid.uuid4().hex}").items()
-                         if k != "logger"})
+    producer = raw_producer(config.kafka, bootstrap)
+    consumer = raw_consumer(config.kafka, bootstrap, f"raw-{uuid.uuid4().hex}")
     consumer.subscribe([topic])
     while not consumer.assignment():  # the topic is empty: nothing is read before the clock starts
         consumer.poll(0.1)

@@ -29,7 +29,6 @@ from streamrft.lifecycle import StopSignal
 from streamrft.rollout_stats import eval_metrics
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView
-from streamrft.validation import check_result
 
 from .explorer import load_eval_tasks
 from .runtime import RoleRuntime
@@ -127,8 +126,7 @@ class Bench:
         self.timeout_s = timeout_s
         self.runtime = RoleRuntime(config, clients, stop, role="bench", source="bench",
                                    transactional_id=f"{config.name}.bench")
-        self.results = self.runtime.consumer("results", RolloutResult, config.consumer_group("bench-results"),
-                                             subscribe=False, check=check_result)
+        self.results = self.runtime.consumer("results", config.consumer_group("bench-results"), subscribe=False)
         self.results.assign(clients.offsets(config.topic("results"), "end"))
         self.tasksets = [(t, load_eval_tasks(t)) for t in config.explorer.eval_tasksets]
 

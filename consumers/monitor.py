@@ -33,7 +33,6 @@ from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Metric
-from streamrft.validation import check_metric
 from .runtime import RoleRuntime
 
 logger = logging.getLogger(__name__)
@@ -282,8 +281,7 @@ class Monitor:
         self.runtime.serve(self.settings.metrics_port)
         self.endpoint = self.runtime.endpoint
         self.metrics_port = self.endpoint.port
-        self.consumer = self.runtime.consumer("metrics", Metric, config.consumer_group("monitor"), client_id=source,
-                                              check=check_metric)
+        self.consumer = self.runtime.consumer("metrics", config.consumer_group("monitor"), client_id=source)
         self.exported = 0
         logger.info("monitor: %s -> %s%s", config.topic("metrics"), self.output_dir,
                     f", Prometheus :{self.metrics_port}" if self.metrics_port is not None else "")

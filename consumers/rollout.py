@@ -35,7 +35,6 @@ import time
 import uuid
 import zlib
 from collections.abc import Hashable
-from functools import partial
 
 from prometheus_client import Counter
 
@@ -48,7 +47,6 @@ from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus
-from streamrft.validation import check_request
 from .model_paths import resolve_model_path
 from .request_ledger import RequestLedger
 from .runtime import RoleRuntime
@@ -119,8 +117,8 @@ class RolloutWorker:
                                        top_p=self.settings.sampling.top_p, top_k=self.settings.sampling.top_k,
                                        max_tokens=self.settings.sampling.max_tokens)
         self.consumer = self.runtime.consumer(
-            "rollouts", RolloutRequest, config.consumer_group("rollout"), client_id=self.worker_id,
-            check=partial(check_request, max_task_bytes=config.limits.max_task_bytes),
+            "rollouts", config.consumer_group("rollout"), client_id=self.worker_id,
+            check_options={"max_task_bytes": config.limits.max_task_bytes},
             # Prefetch little: what is fetched but not read is what another member could be rolling out.
             extra={"queued.max.messages.kbytes": 256, "queued.min.messages": 2 * self.settings.requests_in_flight})
         self.runtime.bind(self.consumer)

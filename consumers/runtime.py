@@ -18,16 +18,18 @@ a stop was requested); what ``finish`` stages is committed too.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Any, Callable, Protocol
 
 from prometheus_client import CollectorRegistry, Counter
 
 from streamrft.config import RunConfig
+from streamrft.config.topics import KINDS_BY_NAME
 from streamrft.kafka import KafkaClients, RecordConsumer, RecordProducer, Transactor
 from streamrft.kafka.consumer import CommitPoints
 from streamrft.lifecycle import StopSignal
-from streamrft.schemas import Record
 from streamrft.sync import SyncView
+from streamrft.validation import TOPIC_CHECKS
 from streamrft.telemetry import MetricsPublisher, PrometheusEndpoint, serve_prometheus
 from .unit_of_work import UnitOfWork
 
@@ -85,11 +87,13 @@ class RoleRuntime:
         self._closers.append((what, close))
 
     # -- clients ------------------------------------------------------------------------------------------------
-    def consumer(self, topic: str, record_type: type[Record], group: str, **kwargs) -> RecordConsumer:
-        """A checked consumer of one of the run's topics (``tasks``, ...); its dead letters are counted in
-        ``streamrft_dead_letters{topic, reason}``."""
-        consumer = self.clients.consumer([self.config.topic(topic)], record_type, group,
-                                         on_dead_letter=self._count_dead_letter, **kwargs)
+    def consumer(self, topic: str, group: str, *, check_options: dict | None = None, **kwargs) -> RecordConsumer:
+        """A consumer of one of the run's topics (``tasks``, ...): of the topic kind's record type, each record
+        checked by the kind's check (``streamrft.validation.TOPIC_CHECKS``, given ``check_options``); its dead
+        letters are counted in ``streamrft_dead_letters{topic, reason}``."""
+        check = partial(TOPIC_CHECKS[topic], **(check_options or {}))
+        consumer = self.clients.consumer([self.config.topic(topic)], KINDS_BY_NAME[topic].record, group,
+                                         check=check, on_dead_letter=self._count_dead_letter, **kwargs)
         return self._closing(f"{topic} consumer", consumer)
 
     def _count_dead_letter(self, topic: str, reason: str) -> None:

@@ -58,7 +58,7 @@ from streamrft.engines.training import TrainingEngine, TrainingSettings
 from streamrft.engines.training.parallel import SingleProcess
 from streamrft.engines.training.ranks import RankZeroEngine
 from streamrft.errors import ConfigError
-from streamrft.kafka import KafkaClients, RecordProducer
+from streamrft.kafka import KafkaClients
 from streamrft.kafka.consumer import Delivered, Offsets
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
@@ -175,10 +175,11 @@ class Trainer:
         self.sync = self.runtime.sync
         self.metrics = self.runtime.metrics
         model = self.engine.model
-        self.check = partial(check_experience, vocab_size=model.get_input_embeddings().num_embeddings,
-                             max_tokens=getattr(model.config, "max_position_embeddings", None))
-        self.consumer = self.runtime.consumer("experiences", Experience, self.consumer_group, client_id=self.source,
-                                              subscribe=False, check=self.check)
+        fits_the_model = {"vocab_size": model.get_input_embeddings().num_embeddings,
+                          "max_tokens": getattr(model.config, "max_position_embeddings", None)}
+        self.check = partial(check_experience, **fits_the_model)  # also for experiences restored from a checkpoint
+        self.consumer = self.runtime.consumer("experiences", self.consumer_group, client_id=self.source,
+                                              subscribe=False, check_options=fits_the_model)
         self.publisher = None
         if self.primary:
             method = self.settings.weights.method

@@ -90,7 +90,7 @@ class Record:
 
     @property
     def key(self) -> str:
-        """The Kafka record key (DESIGN.md, Topics)."""
+        """The Kafka record key (docs/architecture.md, "Topics")."""
         raise NotImplementedError
 
 

@@ -21,11 +21,13 @@ role           allowed
                ``streamrft topics``, dashboards
 =============  ===========================================================================================
 
-Besides: every role but ``tasks`` and ``viewer`` WRITEs ``metrics``; the roles that follow weights
-(explorer, rollout, trainer, serve) READ ``sync`` and ``control``; a role that checks a topic's records WRITEs
-and READs that topic's dead-letter topic (the explorer owns the dead letters of ``sync`` and ``control``, the
-workers and servers those of weights they refuse). Topics are LITERAL patterns (a PREFIXED ``experiences``
-would also match ``experiences.dlq``); groups and transactional ids with one instance per process are PREFIXED.
+The topic grants are derived from ``streamrft.config.topics.TOPIC_KINDS`` (each kind's writers, readers and
+dead-letter owners), so a new topic kind brings its ACLs with it. Besides: every role but ``tasks`` and
+``viewer`` WRITEs ``metrics``; the roles that follow weights (explorer, rollout, trainer, serve) READ ``sync`` and
+``control``; a role that checks a topic's records WRITEs and READs that topic's dead-letter topic (the explorer
+owns the dead letters of ``sync`` and ``control``, the workers and servers those of weights they refuse). Topics
+are LITERAL patterns (a PREFIXED ``experiences`` would also match ``experiences.dlq``); groups and transactional
+ids with one instance per process are PREFIXED.
 
 Why the signals are on two topics: Kafka authorizes a write per topic, never per key, so the trainer's signals
 (``sync``) and the explorer's (``control``) are apart, and only the trainer's principal may publish weights.
@@ -35,15 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .config import RunConfig
+from .config import TOPIC_KINDS, RunConfig
 
 ResourceType = Literal["topic", "group", "transactional_id"]
 PatternType = Literal["literal", "prefixed"]
 Operation = Literal["read", "write", "describe", "describe_configs"]
 
 ROLES = ("tasks", "explorer", "rollout", "trainer", "monitor", "serve", "viewer")
-# the roles whose code follows published weights (a SyncView) and so reads both signal topics
-_FOLLOWERS = ("explorer", "rollout", "trainer", "serve")
 
 
 @dataclass(frozen=True, order=True)
@@ -105,39 +105,27 @@ def role_acls(config: RunConfig, role: str) -> list[Acl]:
     def transactional(name: str, pattern: PatternType = "literal") -> None:
         grants.extend([("transactional_id", pattern, name, "write"), ("transactional_id", pattern, name, "describe")])
 
-    if role in _FOLLOWERS:
-        read("sync", "control")
-    if role not in ("tasks", "viewer"):
-        write("metrics")
-    if role == "tasks":
-        write("tasks")
-    elif role == "explorer":
-        read("tasks", "results")
+    for kind in TOPIC_KINDS:
+        if role in kind.readers:
+            read(kind.name)
+        if role in kind.writers:
+            write(kind.name)
+        if role in kind.dead_letters:
+            dead_letters(kind.name)
+    if role == "explorer":
         group(config.consumer_group("explorer"))
-        write("rollouts", "control")
-        grants.append(("topic", "literal", topic("experiences"), "describe"))
+        grants.append(("topic", "literal", topic("experiences"), "describe"))  # the trainer's lag
         group(config.consumer_group("trainer"), "describe")
-        dead_letters("tasks", "results", "sync", "control")
         transactional(f"{config.name}.explorer")
     elif role == "rollout":
-        read("rollouts")
         group(config.consumer_group("rollout"))
-        write("experiences", "results")
-        dead_letters("rollouts", "sync")
         transactional(f"{config.name}.rollout.", "prefixed")
     elif role == "trainer":
-        read("experiences")
         group(config.consumer_group("trainer"), pattern="prefixed")
-        write("sync")
-        dead_letters("experiences")
         transactional(f"{config.name}.trainer", "prefixed")
     elif role == "monitor":
-        read("metrics")
         group(config.consumer_group("monitor"))
-        dead_letters("metrics")
     elif role == "serve":
-        write("experiences")
-        dead_letters("sync")
         transactional(f"{config.name}.serve.", "prefixed")
     elif role == "viewer":
         grants.extend([("topic", "prefixed", config.topic_prefix, "read"),

@@ -3,8 +3,8 @@ group) and ``control`` (the explorer's: its state, cancelled steps).
 
 Every role keeps one ``SyncView``; it reads both (compacted) topics from the beginning at start and then follows
 them, so its picture is rebuilt from the topics alone — no local state, no RPC. Every signal is checked where
-it is read (``streamrft.validation.check_sync`` / ``check_control``, which also refuse a kind on the other
-writer's topic); a bad one is skipped by every role and dead-lettered by one of them, the explorer
+it is read (``streamrft.validation.TOPIC_CHECKS``: ``check_sync`` / ``check_control``, which also refuse a kind
+on the other writer's topic); a bad one is skipped by every role and dead-lettered by one of them, the explorer
 (``dead_letters=True``), so the DLQ holds it once.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from functools import partial
 
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import SyncKind, SyncSignal
-from streamrft.validation import ExplorerState, check_control, check_sync
+from streamrft.validation import TOPIC_CHECKS, ExplorerState
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +47,9 @@ class SyncView:
         self._consumer = clients.consumer(
             [self.topic, control], SyncSignal, group=config.consumer_group("sync-view"), client_id=client_id,
             subscribe=False, dead_letters=dead_letters, extra={"enable.partition.eof": True},
-            check={self.topic: partial(check_sync, weights_method=config.trainer.weights.method,
+            check={self.topic: partial(TOPIC_CHECKS["sync"], weights_method=config.trainer.weights.method,
                                        weights_url=config.weights_url),
-                   control: check_control})
+                   control: TOPIC_CHECKS["control"]})
         self._consumer.assign(clients.offsets(self.topic, "start") | clients.offsets(control, "start"))
         self.weights: SyncSignal | None = None
         self.explorer = ExplorerState()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -286,3 +287,16 @@ def _check_weights_location(signal: SyncSignal, weights_url: str) -> None:
         check_manifest_uri(weights_url, signal.uri, signal.version, signal.lineage)
     except Exception as exc:  # ForeignUriError, ValueError of a lineage, a protocol fsspec does not know
         _fail("foreign-uri", f"WEIGHTS_PUBLISHED v{signal.version}: {exc}")
+
+
+# The check of what each topic kind holds (streamrft/config/topics.py): one per kind, applied where a role reads
+# it (RoleRuntime.consumer and SyncView bind the run's options: sizes, the model's vocabulary, the weights store).
+TOPIC_CHECKS: dict[str, Callable[..., None]] = {
+    "tasks": check_task,
+    "rollouts": check_request,
+    "experiences": check_experience,
+    "results": check_result,
+    "sync": check_sync,
+    "control": check_control,
+    "metrics": check_metric,
+}

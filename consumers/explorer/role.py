@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
 from prometheus_client import Counter, Gauge
 
@@ -34,7 +33,7 @@ from streamrft.pacing import Pacing
 from streamrft.rollout_stats import retry_metrics, step_metrics
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
 from streamrft.selection import Selector
-from streamrft.validation import ExplorerState, check_result, check_task
+from streamrft.validation import ExplorerState
 
 from ..runtime import RoleRuntime
 from ..unit_of_work import UnitOfWork
@@ -59,12 +58,12 @@ class Explorer:
         self.runtime = RoleRuntime(config, clients, stop, role="explorer", source=source,
                                    transactional_id=f"{config.name}.explorer", owns_sync_dead_letters=True)
         self.sync = self.runtime.sync
-        tasks = self.runtime.consumer("tasks", Task, config.consumer_group("explorer"), client_id=source,
-                                      check=partial(check_task, max_bytes=config.limits.max_task_bytes),
+        tasks = self.runtime.consumer("tasks", config.consumer_group("explorer"), client_id=source,
+                                      check_options={"max_bytes": config.limits.max_task_bytes},
                                       extra={"enable.partition.eof": True})
         self.runtime.bind(tasks)
-        self.results = self.runtime.consumer("results", RolloutResult, config.consumer_group("explorer"),
-                                             client_id=f"{source}-results", subscribe=False, check=check_result)
+        self.results = self.runtime.consumer("results", config.consumer_group("explorer"),
+                                             client_id=f"{source}-results", subscribe=False)
         self.state = ExplorerState()  # restored from control at start; shared with the task source (pending, epoch)
         self.selector = Selector(self.settings.selector.kind, self.settings.selector.seed)
         self.tasks = TaskSource(config, clients, tasks, self.selector, stop, source)

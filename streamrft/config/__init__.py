@@ -1,6 +1,7 @@
 """Configuration: one frozen pydantic model per component, composed by RunConfig."""
 from .base import Section
-from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicConfig, TopicsConfig
+from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig
+from .topics import TOPIC_KINDS, TOPIC_NAMES, TopicConfig, TopicKind, TopicsConfig
 from .roles import (
     AlgorithmConfig,
     EvalTaskset,
@@ -16,7 +17,7 @@ from .roles import (
     TrainerConfig,
     WeightSyncConfig,
 )
-from .run import TOPIC_NAMES, RunConfig, env_overrides, load_config
+from .run import RunConfig, env_overrides, load_config
 
 __all__ = [
     "AlgorithmConfig",
@@ -38,7 +39,9 @@ __all__ = [
     "SchemaRegistryConfig",
     "TopicConfig",
     "TopicsConfig",
+    "TOPIC_KINDS",
     "TOPIC_NAMES",
+    "TopicKind",
     "RunConfig",
     "env_overrides",
     "load_config",

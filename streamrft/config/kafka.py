@@ -1,4 +1,4 @@
-"""How to reach Kafka (and the schema registry), and how a run's topics are laid out."""
+"""How to reach Kafka (and the schema registry), and the embedded broker. The topics are in ``topics.py``."""
 from __future__ import annotations
 
 import re
@@ -104,72 +104,6 @@ class SchemaRegistryConfig(Section):
             raise ValueError(
                 "schema_registry.url must start with http:// or https:// (mock:// for tests; empty for none)"
             )
-        return value
-
-
-class TopicConfig(Section):
-    """Layout of one topic. ``None`` leaves a setting to the broker's default."""
-
-    partitions: int = Field(default=1, ge=1)
-    replication_factor: int = Field(default=-1, description="-1 = the broker's default.replication.factor")
-    retention_ms: int | None = Field(default=None, ge=-1)
-    max_message_bytes: int | None = Field(default=None, ge=1024)
-    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
-
-    @field_validator("replication_factor")
-    @classmethod
-    def _rf(cls, value: int) -> int:
-        if value == 0 or value < -1:
-            raise ValueError("replication_factor must be -1 (broker default) or at least 1")
-        return value
-
-    def kafka_config(self) -> dict[str, str]:
-        """Topic-level configs as the admin API takes them."""
-        out = {"cleanup.policy": self.cleanup_policy}
-        if self.retention_ms is not None:
-            out["retention.ms"] = str(self.retention_ms)
-        if self.max_message_bytes is not None:
-            out["max.message.bytes"] = str(self.max_message_bytes)
-        return out
-
-
-# Per-topic defaults follow DESIGN.md: rollouts has enough partitions for many workers, experiences carry big
-# records, sync (the trainer's signals) and control (the explorer's) are compacted (latest signal per key) with
-# time retention as well. The two signal topics are apart so that ACLs can tell who may write which: only the
-# trainer publishes weights, only the explorer writes its state and cancels steps.
-_DAY_MS = 24 * 3600 * 1000
-
-
-class TopicsConfig(Section):
-    tasks: TopicConfig = TopicConfig(partitions=1)
-    rollouts: TopicConfig = TopicConfig(partitions=16)
-    experiences: TopicConfig = TopicConfig(partitions=8, max_message_bytes=16 * 1024 * 1024)
-    results: TopicConfig = TopicConfig(partitions=4)
-    sync: TopicConfig = TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS)
-    control: TopicConfig = TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS)
-    metrics: TopicConfig = TopicConfig(partitions=1)
-    dlq: TopicConfig = TopicConfig(partitions=1, retention_ms=30 * _DAY_MS)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _over_each_topics_defaults(cls, data: Any) -> Any:
-        """``sync: {replication_factor: 3}`` changes that key only: the rest keeps the topic's own defaults
-        (its compaction, its partitions), not TopicConfig's."""
-        if not isinstance(data, dict):
-            return data
-        merged = {}
-        for name, value in data.items():
-            field = cls.model_fields.get(name)
-            if field is not None and isinstance(value, dict):
-                value = {**field.default.model_dump(), **value}
-            merged[name] = value
-        return merged
-
-    @field_validator("sync", "control")
-    @classmethod
-    def _signals_one_partition(cls, value: TopicConfig, info) -> TopicConfig:
-        if value.partitions != 1:
-            raise ValueError(f"topics.{info.field_name}.partitions must be 1: its signals must be read in order")
         return value
 
 

@@ -14,18 +14,16 @@ from streamrft.errors import ConfigError
 from .base import Section, explain
 from .deprecated import move_keys
 from .environment import read_environment
-from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig, TopicConfig, TopicsConfig
+from .kafka import EmbeddedBrokerConfig, KafkaConfig, SchemaRegistryConfig
 from .kubernetes import KubernetesConfig
 from .limits import LimitsConfig
 from .roles import (ExplorerConfig, LaunchConfig, ModelConfig, MonitorConfig, RolloutConfig, ServeConfig,
                     TrainerConfig)
 from .sync import SyncConfig
+from .topics import TOPIC_NAMES, TopicConfig, TopicsConfig
 
 if TYPE_CHECKING:
     from streamrft.credentials import Credential
-
-TOPIC_NAMES = ("tasks", "rollouts", "experiences", "results", "sync", "control", "metrics")
-
 
 class RunConfig(Section):
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -146,7 +144,7 @@ class RunConfig(Section):
         return f"{source_topic}.dlq"
 
     def topic_layouts(self) -> dict[str, TopicConfig]:
-        """Every topic of the run (full name -> layout): the seven data topics and their dead-letter topics."""
+        """Every topic of the run (full name -> layout): each kind's topic and its dead-letter topic."""
         out = {}
         for name in TOPIC_NAMES:
             out[self.topic(name)] = getattr(self.topics, name)

@@ -52,7 +52,7 @@ class RecordProducer:
     # -- producing ------------------------------------------------------------------------------------------
     def produce(self, topic: str, record: Record, key: str | None = None,
                 headers: list[tuple[str, bytes]] | None = None, partition: int | None = None) -> None:
-        """Encode and produce ``record``; its key defaults to the record's own key (DESIGN.md, Topics)."""
+        """Encode and produce ``record``; its key defaults to the record's own (docs/architecture.md, "Topics")."""
         value = self.serde.encode(record, topic)
         self.produce_raw(topic, value, (key if key is not None else record.key).encode(), headers, partition)
 

@@ -1,119 +1,241 @@
-"""The layering rules of DESIGN.md, read from the source files with ast (nothing is imported):
+"""The layering rules (docs/architecture.md, "Layers"), checked on what each module really imports, transitively:
+the source files are read with ast (nothing is imported) into a graph of our modules, and a rule fails with the
+chain of imports that breaks it.
 
-- ``engines/`` imports no Kafka: not ``confluent_kafka``, not ``streamrft.kafka``, not ``streamrft.consumers``;
 - ``schemas/`` imports nothing of ours outside itself;
-- only ``streamrft/kafka/`` and ``streamrft/broker/`` import ``confluent_kafka``;
-- an import that crosses top-level folders is absolute (a relative one cannot be followed on disk without the
-  package-dir mapping).
+- ``engines/`` imports no Kafka (``confluent_kafka``, ``streamrft.kafka``, ``streamrft.broker``), no config, no
+  roles, no producers;
+- only ``streamrft/kafka/`` and ``streamrft/broker/`` import ``confluent_kafka`` (``bench/`` included: a
+  benchmark's raw baseline clients come from the client layer);
+- the core (``streamrft/`` but its entry points: the CLI, ``commands/``, ``launch/``) imports no role;
+- ``producers/`` import no ``consumers/``;
+- an import that crosses top-level folders is absolute.
+
+What counts as an import: ``import x``, ``from x import y`` (``y`` itself when it is a module: ``from streamrft
+import kafka``), imports inside functions (they run when the function does), ``importlib.import_module("x")`` and
+``__import__("x")`` with a literal name, and the packages above an imported module (their ``__init__`` runs
+first). Imports under ``if TYPE_CHECKING:`` do not run and do not count.
 """
 from __future__ import annotations
 
 import ast
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# top-level folder -> the package it is installed as (setup.py)
+# top-level folder -> the package it is installed as (setup.py); bench/ scripts are modules of their own
 FOLDERS = {"streamrft": "streamrft", "schemas": "streamrft.schemas", "producers": "streamrft.producers",
-           "consumers": "streamrft.consumers", "engines": "streamrft.engines"}
+           "consumers": "streamrft.consumers", "engines": "streamrft.engines", "bench": "bench"}
+KAFKA = ("confluent_kafka", "streamrft.kafka", "streamrft.broker")
+ENTRY_POINTS = ("streamrft.cli", "streamrft.commands", "streamrft.launch")
 
 
-def module_name(path: Path) -> tuple[str, bool]:
-    rel = path.relative_to(ROOT).with_suffix("")
-    parts = [FOLDERS[rel.parts[0]], *rel.parts[1:]]
-    is_package = parts[-1] == "__init__"
-    if is_package:
-        parts = parts[:-1]
-    return ".".join(parts), is_package
+def is_under(module: str, *packages: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
 
 
-def folder_of(module: str) -> str | None:
-    """The top-level folder that holds ``module`` (the longest matching package wins)."""
-    matches = [f for f, pkg in FOLDERS.items() if module == pkg or module.startswith(pkg + ".")]
-    return max(matches, key=lambda f: len(FOLDERS[f]), default=None)
+@dataclass(frozen=True)
+class Import:
+    line: int
+    target: str
+    relative: bool
 
 
-def imports(path: Path) -> list[tuple[int, str, bool]]:
-    """(line, absolute module name, written relative) for every import in the file, nested ones included."""
-    name, is_package = module_name(path)
-    package = name if is_package else name.rpartition(".")[0]
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            out += [(node.lineno, alias.name, False) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-                out.append((node.lineno, target, True))
-            else:
-                out.append((node.lineno, node.module or "", False))
-    return out
+@dataclass
+class ImportGraph:
+    """Our modules (name -> file) and what each imports (``Import`` s, targets resolved to absolute names)."""
+
+    root: Path
+    folders: dict[str, str]
+    files: dict[str, Path] = field(default_factory=dict)
+    packages: set[str] = field(default_factory=set)
+    imports: dict[str, list[Import]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, root: Path, folders: dict[str, str]) -> "ImportGraph":
+        graph = cls(root, folders)
+        for folder, package in folders.items():
+            for path in sorted((root / folder).rglob("*.py")):
+                name, is_package = graph._module_name(path)
+                graph.files[name] = path
+                if is_package:
+                    graph.packages.add(name)
+        for name, path in graph.files.items():
+            graph.imports[name] = graph._imports_of(name, path)
+        return graph
+
+    def _module_name(self, path: Path) -> tuple[str, bool]:
+        rel = path.relative_to(self.root).with_suffix("")
+        parts = [*self.folders[rel.parts[0]].split("."), *rel.parts[1:]]
+        is_package = parts[-1] == "__init__"
+        return ".".join(parts[:-1] if is_package else parts), is_package
+
+    def folder_of(self, module: str) -> str | None:
+        """The top-level folder that holds ``module`` (the longest matching package wins)."""
+        matches = [f for f, pkg in self.folders.items() if is_under(module, pkg)]
+        return max(matches, key=lambda f: len(self.folders[f]), default=None)
+
+    def _imports_of(self, name: str, path: Path) -> list[Import]:
+        package = name if name in self.packages else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        skipped = {id(n) for node in ast.walk(tree) if _is_type_checking_block(node)
+                   for child in node.body for n in ast.walk(child)}
+        out: list[Import] = []
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                out += [Import(node.lineno, alias.name, False) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                out.append(Import(node.lineno, base, bool(node.level)))
+                # `from streamrft import kafka`: the submodule is what is imported
+                out += [Import(node.lineno, f"{base}.{alias.name}", bool(node.level)) for alias in node.names
+                        if f"{base}.{alias.name}" in self.files]
+            elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+                out.append(Import(node.lineno, node.args[0].value, False))
+        return out
+
+    def edges(self, module: str) -> list[tuple[int, str]]:
+        """(line, module) for each module loaded when ``module`` runs: its imports and their parent packages."""
+        out = []
+        for imp in self.imports.get(module, []):
+            parts = imp.target.split(".")
+            out += [(imp.line, ".".join(parts[:i])) for i in range(1, len(parts) + 1)]
+        return out
+
+    def chain_to(self, start: str, forbidden) -> list[str] | None:
+        """The shortest chain of imports from ``start`` to a module ``forbidden(module)`` holds for, or None."""
+        seen = {start}
+        queue = deque([(start, [start])])
+        while queue:
+            module, path = queue.popleft()
+            for line, target in self.edges(module):
+                if target in seen:
+                    continue
+                seen.add(target)
+                step = [*path[:-1], f"{path[-1]}:{line}", target]
+                if forbidden(target):
+                    return step
+                if target in self.files:
+                    queue.append((target, step))
+        return None
+
+    def violations(self, scope, forbidden) -> list[str]:
+        """For each of our modules in ``scope`` that reaches a forbidden one: the chain, as text."""
+        found = []
+        for module in sorted(self.files):
+            if scope(module):
+                chain = self.chain_to(module, forbidden)
+                if chain is not None:
+                    found.append(" -> ".join(chain))
+        return found
 
 
-SOURCES = sorted(p for folder in FOLDERS for p in (ROOT / folder).rglob("*.py"))
+def _is_type_checking_block(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def violations(rule) -> list[str]:
-    found = []
-    for path in SOURCES:
-        folder = path.relative_to(ROOT).parts[0]
-        for line, module, relative in imports(path):
-            why = rule(path, folder, module, relative)
-            if why:
-                found.append(f"{path.relative_to(ROOT)}:{line}: {module}: {why}")
-    return found
+def _is_dynamic_import(node: ast.Call) -> bool:
+    func = node.func
+    named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or (
+        isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
+    return named and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
 
 
-def is_under(module: str, package: str) -> bool:
-    return module == package or module.startswith(package + ".")
+# -- the rules, on this repository -------------------------------------------------------------------------
+GRAPH = ImportGraph.of(ROOT, FOLDERS)
 
 
-def test_sources_found():
-    assert len(SOURCES) > 50 and any(p.name == "trainer.py" for p in SOURCES)
-
-
-def test_engines_have_no_kafka():
-    def rule(path, folder, module, relative):
-        if folder == "engines" and any(is_under(module, p) for p in
-                                       ("confluent_kafka", "streamrft.kafka", "streamrft.consumers",
-                                        "streamrft.broker", "streamrft.producers")):
-            return "engines/ must not depend on Kafka or the roles"
-    assert violations(rule) == []
+def test_the_graph_holds_the_code():
+    assert len(GRAPH.files) > 80 and "streamrft.consumers.trainer" in GRAPH.files
+    assert "streamrft.kafka" in GRAPH.packages and any(is_under(m, "bench") for m in GRAPH.files)
+    assert GRAPH.chain_to("streamrft.consumers.trainer", lambda m: m == "confluent_kafka") is not None
 
 
 def test_schemas_import_nothing_of_ours():
-    def rule(path, folder, module, relative):
-        if folder == "schemas" and is_under(module, "streamrft") and not is_under(module, "streamrft.schemas"):
-            return "schemas/ is the contract and imports nothing else of streamrft"
-    assert violations(rule) == []
+    assert GRAPH.violations(lambda m: is_under(m, "streamrft.schemas"),
+                            lambda m: is_under(m, "streamrft", "bench") and not is_under(m, "streamrft.schemas")
+                            and m != "streamrft") == []
+
+
+def test_engines_have_no_kafka_no_config_and_no_roles():
+    assert GRAPH.violations(lambda m: is_under(m, "streamrft.engines"),
+                            lambda m: is_under(m, *KAFKA, "streamrft.config", "streamrft.consumers",
+                                               "streamrft.producers")) == []
 
 
 def test_only_the_kafka_layer_imports_confluent_kafka():
-    allowed = ("streamrft/kafka/", "streamrft/broker/")
+    allowed = ("streamrft.kafka", "streamrft.broker")
+    direct = [f"{module}:{imp.line}: {imp.target}" for module, imports in sorted(GRAPH.imports.items())
+              if not is_under(module, *allowed) for imp in imports if is_under(imp.target, "confluent_kafka")]
+    assert direct == [], "import it through streamrft.kafka (raw baseline clients: streamrft.kafka.raw)"
 
-    def rule(path, folder, module, relative):
-        rel = path.relative_to(ROOT).as_posix()
-        if is_under(module, "confluent_kafka") and not rel.startswith(allowed):
-            return "only streamrft/kafka/ and streamrft/broker/ may import confluent_kafka"
-    assert violations(rule) == []
+
+def test_the_core_imports_no_role():
+    core = lambda m: is_under(m, "streamrft") and not is_under(m, *ENTRY_POINTS, "streamrft.consumers",  # noqa: E731
+                                                                "streamrft.producers", "streamrft.schemas",
+                                                                "streamrft.engines")
+    assert GRAPH.violations(core, lambda m: is_under(m, "streamrft.consumers")) == []
+
+
+def test_producers_import_no_consumers():
+    assert GRAPH.violations(lambda m: is_under(m, "streamrft.producers"),
+                            lambda m: is_under(m, "streamrft.consumers")) == []
 
 
 def test_imports_across_folders_are_absolute():
-    def rule(path, folder, module, relative):
-        if relative and folder_of(module) != folder:
-            return f"relative import into {folder_of(module)}/; write it as `from {module} import ...`"
-    assert violations(rule) == []
+    found = [f"{module}:{imp.line}: {imp.target}" for module, imports in sorted(GRAPH.imports.items())
+             for imp in imports if imp.relative and GRAPH.folder_of(imp.target) != GRAPH.folder_of(module)]
+    assert found == [], "write an import into another top-level folder as `from streamrft.<folder> import ...`"
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("from ..kafka import X\n", "streamrft.kafka"),
-    ("from .dlq import X\n", "streamrft.consumers.dlq"),
-])
-def test_relative_imports_resolve(tmp_path, text, expected, monkeypatch):
-    """The resolver itself: a relative import inside consumers/ resolves the way Python would."""
-    fake = ROOT / "consumers" / "rollout.py"
-    monkeypatch.setattr(Path, "read_text", lambda self: text)
-    assert imports(fake)[0][1] == expected
+# -- the checker itself: the tricks a file-by-file reading missed are caught ---------------------------------
+TRICKS = {
+    "streamrft/__init__.py": "",
+    "streamrft/kafka/__init__.py": "import confluent_kafka\n",
+    "streamrft/sync.py": "from streamrft.kafka import KafkaClients\n",
+    "streamrft/pacing.py": "X = 1\n",
+    "engines/__init__.py": "",
+    "engines/by_package.py": "from streamrft import kafka\n",
+    "engines/through_sync.py": "def later():\n    from streamrft.sync import SyncView\n",
+    "engines/by_name.py": "import importlib\nclient = importlib.import_module('confluent_kafka')\n",
+    "engines/fine.py": "from typing import TYPE_CHECKING\nfrom streamrft import pacing\n"
+                       "if TYPE_CHECKING:\n    from streamrft.kafka import KafkaClients\n",
+}
+
+
+@pytest.fixture
+def tricky_graph(tmp_path: Path) -> ImportGraph:
+    for name, text in TRICKS.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return ImportGraph.of(tmp_path, {"streamrft": "streamrft", "engines": "streamrft.engines"})
+
+
+def test_each_trick_is_caught_with_its_chain(tricky_graph: ImportGraph):
+    found = tricky_graph.violations(lambda m: is_under(m, "streamrft.engines"), lambda m: is_under(m, *KAFKA))
+    assert found == [
+        "streamrft.engines.by_name:2 -> confluent_kafka",
+        "streamrft.engines.by_package:1 -> streamrft.kafka",
+        "streamrft.engines.through_sync:2 -> streamrft.sync:1 -> streamrft.kafka",
+    ]  # fine.py: pacing is allowed and its TYPE_CHECKING import never runs
+
+
+def test_relative_imports_resolve_the_way_python_does(tmp_path: Path):
+    (tmp_path / "consumers").mkdir()
+    (tmp_path / "consumers" / "__init__.py").write_text("")
+    (tmp_path / "consumers" / "rollout.py").write_text("from ..kafka import X\nfrom .dlq import Y\n")
+    graph = ImportGraph.of(tmp_path, {"consumers": "streamrft.consumers"})
+    assert [imp.target for imp in graph.imports["streamrft.consumers.rollout"]] == [
+        "streamrft.kafka", "streamrft.consumers.dlq"]
