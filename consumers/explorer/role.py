@@ -124,7 +124,8 @@ class Explorer:
             pass
         if self._publishing_over and not self.window and not self.evals:
             return False
-        self._collect(unit, timeout=POLL_S / 2)  # 2.
+        # no waiting for results while this pass holds uncommitted work: the requests' deadlines already run
+        self._collect(unit, timeout=0 if unit.due else POLL_S / 2)  # 2.
         self._finish_ready(unit)  # 3.
         return True
 
