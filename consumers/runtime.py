@@ -113,14 +113,16 @@ class RoleRuntime:
         return UnitOfWork(self, state=state, sinks=sinks, consumer=consumer)
 
     # -- the loop ------------------------------------------------------------------------------------------
-    def run(self, role: Role, unit: UnitOfWork | None = None) -> None:
-        """The role loop (module docstring), until the role's work is over or a stop is requested."""
+    def run(self, role: Role, unit: UnitOfWork | None = None, *, follows_signals: bool = True) -> None:
+        """The role loop (module docstring), until the role's work is over or a stop is requested.
+        ``follows_signals=False``: the role polls ``sync`` itself (serve mode's engine loop, at its own pace) or
+        not at all (its feedback writer), so that the view is used from one thread only."""
         unit = unit or self.unit_of_work()
         role.start(unit)
         unit.commit()
         going = True
         while going and not self.stop.requested:
-            if self.sync is not None:
+            if self.sync is not None and follows_signals:
                 self.sync.poll(0)  # 1.
             going = role.handle(unit)  # 2.
             unit.commit()  # 3.

@@ -1,197 +1,97 @@
 """Serve mode: the run's inference engine behind an OpenAI-compatible HTTP API (``serve_api``), learning online
 from the traffic of an agent application.
 
-Every completion the server returns is kept as a *pending experience* (prompt and response token ids, the
-behaviour logprobs, the weights version) under its response id and choice index. ``POST /feedback`` with a
-reward turns one into an :class:`Experience` on ``experiences``, in a transaction of its own, so the trainer
-trains on it like on a rollout worker's; feedback for an unknown, expired or already rewarded response is
-refused (404 / 409), never written twice. Pending experiences expire after ``serve.pending_ttl_s`` (counted).
+Generation. Requests from every HTTP client are jobs of one :class:`~streamrft.engines.serving.ServingLoop`: the
+engine loop (this role's loop, ``RoleRuntime.run`` on a thread of its own) admits them into the running batch
+(vLLM's continuous batching; the transformers engine takes every job waiting when its next step starts), steps
+the engine, streams each choice's tokens as they come and stops what its client gave up on or what ran past
+``serve.request_timeout_s``. At most ``serve.max_running`` requests run and ``serve.max_waiting`` wait; a request
+beyond that is refused with 429 and Retry-After. Between engine steps the loop follows ``sync``: when a new
+version is due, admission pauses until the running requests are done (a drain bounded by their own
+``max_tokens`` and the request timeout), then the engine swaps. So no choice mixes two versions: its behaviour
+logprobs are one policy's, and ``system_fingerprint`` (``v3``) and its experience's ``model_version`` name it.
+
+Feedback. Every completion is kept as a *pending experience* (prompt and response token ids, logprobs, version)
+under its response id and choice. ``POST /feedback`` with a reward turns one into an :class:`Experience` on
+``experiences``, with a :class:`FeedbackReceipt` on ``feedback``, in one transaction; the feedback writer (a
+second loop, on its own thread) commits every feedback waiting at once, and the HTTP call answers 200 only once
+its transaction is committed. Exactly once: a feedback sent again (a client's retry after a timeout, also to a
+restarted server or another one: every server reads the ``feedback`` topic) finds its receipt and is answered the
+same, writing nothing; two calls for the same choice at once are one write; a feedback whose commit failed is
+given back (503) and may be sent again; an unknown or expired response is 404, another reward for a rewarded one
+409.
 
 GRPO needs groups (``serve.grouping``): ``request`` — the ``n`` choices of one request (ask for n > 1 and reward
 each); ``count`` — every ``group_size`` rewarded responses in arrival order; ``client`` — the ``group_id`` and
 ``group_size`` the feedback names; ``conversation`` — the rewarded responses of one conversation (the requests
-name it: ``conversation_id`` in the request body), held until the feedback that says ``end_conversation`` and
-then written together, so the group's size is the conversation's (advantages compare its turns with each
-other). A group's experiences share a ``group_id``; the trainer waits until it is complete (or drops it after
-``trainer.group_timeout_s``). Open conversations expire like pending completions, after
-``serve.pending_ttl_s`` without feedback (counted).
-
-Weights: a background thread follows ``sync`` and swaps the engine to each new version through the same
-``WeightFollower`` as a rollout worker (verified, refusals counted); generation and swaps take one lock, so a
-request is never served by two versions and none fails during a swap.
+name it: ``conversation_id`` in the request body), held in memory until the feedback that says
+``end_conversation`` (answered 202: held, not yet durable) and then written together (200). Open conversations
+expire after ``serve.pending_ttl_s`` without feedback (counted).
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from prometheus_client import Counter, Gauge
 
 from streamrft.config import RunConfig
-from streamrft.engines.inference import Completion, InferenceEngine, Prompt, SamplingParams
+from streamrft.engines.inference import Completion, InferenceEngine, SamplingParams
+from streamrft.engines.inference.base import TokenListener
+from streamrft.engines.serving import Job, ServingLoop, ServingPolicy
 from streamrft.engines.workflows.base import WorkflowSample
 from streamrft.kafka import KafkaClients
+from streamrft.kafka.transaction import FatalTransactionError
 from streamrft.lifecycle import StopSignal
-from streamrft.schemas import Experience, RolloutKind
+from streamrft.schemas import Experience, FeedbackReceipt, RolloutKind
 
 from .rollout import build_engine
 from .runtime import RoleRuntime
-from .weight_follower import WeightFollower
+from .serve_feedback import Conversations, FeedbackError, Grouping, Pending, PendingExperiences, Receipts
+from .unit_of_work import UnitOfWork
+from .weight_follower import FollowedWeights, WeightFollower
 
 logger = logging.getLogger(__name__)
 
-
-class FeedbackError(Exception):
-    """A feedback that cannot be used; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
+RECEIPT_POLL_S = 0.05
 
 
 @dataclass
-class Pending:
-    completion: Completion
-    request_id: str
-    choice: int
-    choices: int
-    created: float
-    conversation: str | None = None
+class Answer:
+    """What ``/feedback`` answers: the HTTP status and its body."""
+
+    status: int
+    body: dict
 
 
-class PendingExperiences:
-    """Completions waiting for feedback: bounded (the oldest go first) and expiring; each is taken once."""
-
-    def __init__(self, ttl_s: float, capacity: int, clock=time.monotonic) -> None:
-        self.ttl_s = ttl_s
-        self.capacity = capacity
-        self.clock = clock
-        self._items: OrderedDict[tuple[str, int], Pending] = OrderedDict()
-        self._taken: OrderedDict[tuple[str, int], None] = OrderedDict()  # to tell "already rewarded" from unknown
-        self.expired = 0
-        self.evicted = 0
-        self._lock = threading.Lock()
-
-    def add(self, request_id: str, completions: list[Completion], conversation: str | None = None) -> None:
-        now = self.clock()
-        with self._lock:
-            self._expire(now)
-            for i, completion in enumerate(completions):
-                self._items[(request_id, i)] = Pending(completion, request_id, i, len(completions), now,
-                                                       conversation)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-                self.evicted += 1
-
-    def take(self, request_id: str, choice: int) -> Pending:
-        with self._lock:
-            self._expire(self.clock())
-            key = (request_id, choice)
-            if key in self._taken:
-                raise FeedbackError(409, f"response {request_id} choice {choice} has had its feedback already")
-            pending = self._items.pop(key, None)
-            if pending is None:
-                raise FeedbackError(404, f"no pending response {request_id} choice {choice}: unknown, or older "
-                                         "than serve.pending_ttl_s")
-            self._taken[key] = None
-            while len(self._taken) > self.capacity:
-                self._taken.popitem(last=False)
-            return pending
-
-    def give_back(self, pending: Pending) -> None:
-        """A feedback whose experience could not be written: it may be sent again."""
-        with self._lock:
-            key = (pending.request_id, pending.choice)
-            self._taken.pop(key, None)
-            self._items[key] = pending
-
-    def _expire(self, now: float) -> None:
-        while self._items:
-            key, oldest = next(iter(self._items.items()))
-            if now - oldest.created < self.ttl_s:
-                break
-            del self._items[key]
-            self.expired += 1
-
-    def __len__(self) -> int:
-        return len(self._items)
+def receipt_body(receipt: FeedbackReceipt) -> dict:
+    return {"eid": receipt.eid, "group_id": receipt.group_id, "group_size": receipt.group_size,
+            "run_index": receipt.run_index, "model_version": receipt.model_version}
 
 
-class Grouping:
-    """Which GRPO group a rewarded response joins (see the module docstring)."""
+@dataclass(eq=False)
+class _Write:
+    """Feedback waiting for the writer's next transaction. ``undo`` gives its responses back when it fails;
+    ``release`` lets a second call for the same choice (waiting meanwhile) answer."""
 
-    def __init__(self, kind: str, group_size: int, session: str) -> None:
-        self.kind = kind
-        self.group_size = group_size
-        self.session = session
-        self._count = itertools.count()
-        self._members: dict[str, int] = {}
-        self._lock = threading.Lock()
+    experiences: list[Experience]
+    receipts: list[FeedbackReceipt]
+    undo: Callable[[], None]
+    release: Callable[[], None]
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
 
-    def assign(self, pending: Pending, group_id: str | None, group_size: int | None) -> tuple[str, int, int]:
-        """``(group_id, group_size, run_index)``."""
-        if self.kind == "request":
-            return pending.request_id, pending.choices, pending.choice
-        with self._lock:
-            if self.kind == "count":
-                n = next(self._count)
-                return f"{self.session}-g{n // self.group_size}", self.group_size, n % self.group_size
-            if not group_id or not group_size or group_size < 1:
-                raise FeedbackError(422, "serve.grouping is client: the feedback must name group_id and "
-                                         "group_size >= 1")
-            index = self._members.get(group_id, 0)
-            if index >= group_size:
-                raise FeedbackError(409, f"group {group_id} has its {group_size} responses already")
-            self._members[group_id] = index + 1
-            return group_id, group_size, index
-
-
-class Conversations:
-    """``serve.grouping: conversation``: the rewarded responses of each open conversation, until it ends (then
-    they are written as one group) or expires (``ttl_s`` after its latest feedback)."""
-
-    def __init__(self, ttl_s: float, clock=time.monotonic) -> None:
-        self.ttl_s = ttl_s
-        self.clock = clock
-        self._open: OrderedDict[str, tuple[float, list[tuple[Pending, float]]]] = OrderedDict()
-        self.expired = 0  # responses of conversations that never ended
-        self._lock = threading.Lock()
-
-    def add(self, pending: Pending, reward: float) -> int:
-        """Hold a rewarded response; returns how many its conversation holds now."""
-        with self._lock:
-            self._expire()
-            _, held = self._open.pop(pending.conversation, (0.0, []))
-            held.append((pending, reward))
-            self._open[pending.conversation] = (self.clock(), held)
-            return len(held)
-
-    def end(self, conversation: str) -> list[tuple[Pending, float]]:
-        with self._lock:
-            _, held = self._open.pop(conversation, (0.0, []))
-            return held
-
-    def give_back(self, conversation: str, held: list[tuple[Pending, float]]) -> None:
-        """An ended conversation whose experiences could not be written: it stays open, to be ended again."""
-        with self._lock:
-            self._open[conversation] = (self.clock(), held)
-
-    def _expire(self) -> None:
-        now = self.clock()
-        while self._open:
-            conversation, (last, held) = next(iter(self._open.items()))
-            if now - last < self.ttl_s:
-                break
-            del self._open[conversation]
-            self.expired += len(held)
-
-    def __len__(self) -> int:
-        return sum(len(held) for _, held in self._open.values())
+    def finish(self, error: BaseException | None = None) -> None:
+        self.error = error
+        if error is not None:
+            self.undo()
+        self.release()
+        self.done.set()
 
 
 class ServeRole:
@@ -200,10 +100,10 @@ class ServeRole:
     def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *,
                  engine: InferenceEngine | None = None, server_id: str | None = None):
         self.config = config
-        self.settings = config.serve
+        self.settings = settings = config.serve
         self.stop = stop
-        self.server_id = server_id or f"serve-{uuid.uuid4().hex[:8]}"
-        self.model_name = self.settings.model_name or config.name
+        self.server_id = server_id or settings.server_id or f"serve-{uuid.uuid4().hex[:8]}"
+        self.model_name = settings.model_name or config.name
         self.runtime = RoleRuntime(config, clients, stop, role="serve", source=self.server_id,
                                    transactional_id=f"{config.name}.serve.{self.server_id}")
         self.sync = self.runtime.sync
@@ -212,50 +112,98 @@ class ServeRole:
             self.runtime.on_close("engine", self.engine.close)
         self.weights = WeightFollower(config, self.engine, self.server_id, self.runtime.registry)
         self.runtime.on_close("weight follower", self.weights.close)
-        self.pending = PendingExperiences(self.settings.pending_ttl_s, self.settings.max_pending)
-        self.grouping = Grouping(self.settings.grouping, self.settings.group_size, self.server_id)
-        self.conversations = Conversations(self.settings.pending_ttl_s)
+        self.serving = ServingLoop(self.engine, FollowedWeights(self.weights, self.sync, stop), ServingPolicy(
+            max_running=settings.max_running, max_waiting=settings.max_waiting,
+            request_timeout_s=settings.request_timeout_s, batch_window_s=settings.batch_window_ms / 1000))
+        self.pending = PendingExperiences(settings.pending_ttl_s, settings.max_pending)
+        self.grouping = Grouping(settings.grouping, settings.group_size, self.server_id)
+        self.conversations = Conversations(settings.pending_ttl_s)
+        self.receipts = Receipts(settings.max_pending)
+        self.receipt_reader = self.runtime.consumer("feedback", config.consumer_group("serve-receipts"),
+                                                    client_id=f"{self.server_id}-receipts", subscribe=False,
+                                                    extra={"enable.partition.eof": True})
         self.sampling = config.rollout.sampling
-        self._engine_lock = threading.Lock()  # one generation or one swap at a time
-        self._produce_lock = threading.Lock()  # the transactional producer is one transaction at a time
-        self._follower = threading.Thread(target=lambda: self.runtime.run(_FollowWeights(self)),
-                                          name="serve-weights", daemon=True)
-        registry = self.runtime.registry
+        self.max_prompt_tokens = settings.max_prompt_tokens or config.limits.max_prompt_tokens
+        self._writes: deque[_Write] = deque()
+        self._writes_ready = threading.Condition()
+        self._in_flight: dict[tuple[str, int], threading.Event] = {}  # feedback being written, by choice
+        self._in_flight_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=lambda: self.runtime.run(_EngineLoop(self), follows_signals=False),
+                             name="serve-engine", daemon=True),
+            threading.Thread(target=lambda: self.runtime.run(_FeedbackWriter(self), follows_signals=False),
+                             name="serve-feedback", daemon=True)]
+        self._metrics()
+
+    def _metrics(self) -> None:
+        registry, serving = self.runtime.registry, self.serving
         self.c_requests = Counter("streamrft_serve_requests", "completion requests, by endpoint", ["endpoint"],
                                   registry=registry)
         self.c_tokens = Counter("streamrft_serve_generated_tokens", "response tokens generated", registry=registry)
-        self.c_feedback = Counter("streamrft_serve_feedback", "feedback received, by outcome", ["outcome"],
-                                  registry=registry)
-        Gauge("streamrft_serve_pending", "completions waiting for feedback", registry=registry).set_function(
-            lambda: len(self.pending))
-        Gauge("streamrft_serve_pending_expired", "completions dropped without feedback (expired or evicted)",
-              registry=registry).set_function(lambda: self.pending.expired + self.pending.evicted)
-        Gauge("streamrft_serve_conversation_responses", "rewarded responses held until their conversation ends",
-              registry=registry).set_function(lambda: len(self.conversations))
-        Gauge("streamrft_serve_conversations_expired", "rewarded responses of conversations that never ended",
-              registry=registry).set_function(lambda: self.conversations.expired)
+        self.c_feedback = Counter("streamrft_serve_feedback", "feedback received, by outcome (written, replayed, "
+                                  "held, refused, failed)", ["outcome"], registry=registry)
+        gauges = {
+            "streamrft_serve_running": ("requests in the engine", lambda: serving.running),
+            "streamrft_serve_waiting": ("requests queued for the engine", lambda: serving.waiting),
+            "streamrft_serve_batch_size": ("requests the last engine step ran", lambda: serving.last_batch),
+            "streamrft_serve_batch_size_max": ("the most requests one engine step ran", lambda: serving.largest_batch),
+            "streamrft_serve_engine_steps": ("engine steps", lambda: serving.steps),
+            "streamrft_serve_cancelled": ("requests their client gave up on (they left the engine)",
+                                          lambda: serving.cancelled),
+            "streamrft_serve_timed_out": ("requests stopped at serve.request_timeout_s", lambda: serving.timed_out),
+            "streamrft_serve_refused": ("requests refused with 429 (the engine and its queue were full)",
+                                        lambda: serving.refused),
+            "streamrft_serve_weight_swaps": ("weights versions swapped in", lambda: serving.swaps),
+            "streamrft_serve_swap_pause_seconds_max": ("the longest admission pause for a swap",
+                                                       lambda: serving.swap_pause_s),
+            "streamrft_serve_pending": ("completions waiting for feedback", lambda: len(self.pending)),
+            "streamrft_serve_pending_expired": ("completions dropped without feedback after serve.pending_ttl_s",
+                                                lambda: self.pending.expired),
+            "streamrft_serve_pending_evicted": ("completions dropped without feedback to keep serve.max_pending",
+                                                lambda: self.pending.evicted),
+            "streamrft_serve_receipts": ("feedback receipts known (this server's and others')",
+                                         lambda: len(self.receipts)),
+            "streamrft_serve_conversation_responses": ("rewarded responses held until their conversation ends",
+                                                       lambda: len(self.conversations)),
+            "streamrft_serve_conversations_expired": ("rewarded responses of conversations that never ended",
+                                                      lambda: self.conversations.expired),
+        }
+        for name, (doc, read) in gauges.items():
+            Gauge(name, doc, registry=registry).set_function(read)
 
     @property
     def version(self) -> int:
         return self.engine.version
 
-    # -- weights --------------------------------------------------------------------------------------------
+    # -- start and stop -------------------------------------------------------------------------------------
     def start(self) -> "ServeRole":
         self.sync.catch_up()
-        self._swap()
-        self._follower.start()
-        logger.info("%s: serving %s (engine %s, weights v%d)", self.server_id, self.model_name, self.engine.kind,
-                    self.engine.version)
+        self.weights.follow(self.sync)
+        self.weights.swap_to_latest(self.sync)
+        self.receipt_reader.assign(self.runtime.clients.offsets(self.config.topic("feedback"), "start"))
+        self._read_receipts(until_end=True)
+        for thread in self._threads:
+            thread.start()
+        logger.info("%s: serving %s (engine %s, weights v%d, %d receipts known)", self.server_id, self.model_name,
+                    self.engine.kind, self.engine.version, len(self.receipts))
         return self
 
-    def _swap(self) -> None:
-        self.weights.follow(self.sync)
-        if self.weights.newer_due(self.sync):
-            with self._engine_lock:
-                self.weights.swap_to_latest(self.sync)
-        for refusal in self.weights.take_refusals():
-            logger.warning("%s: weights %s v%d refused (%s)", self.server_id, refusal.signal.kind.value,
-                           refusal.signal.version, refusal.reason)
+    def close(self) -> None:
+        self.stop.request()
+        with self._writes_ready:
+            self._writes_ready.notify_all()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(self.settings.sync_poll_s + 10)
+        self.runtime.close()
+
+    def _read_receipts(self, until_end: bool = False) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            for item in self.receipt_reader.poll(max_records=1000, timeout=RECEIPT_POLL_S if until_end else 0):
+                self.receipts.add(item.record)
+            if not until_end or self.receipt_reader.at_end() or time.monotonic() > deadline:
+                return
 
     # -- completions -------------------------------------------------------------------------------------------
     def params(self, *, temperature: float | None, top_p: float | None, max_tokens: int | None,
@@ -267,80 +215,137 @@ class ServeRole:
                               top_p=self.sampling.top_p if top_p is None else top_p, top_k=self.sampling.top_k,
                               max_tokens=tokens, seed=seed, stop=tuple(stop or ()))
 
-    def complete(self, endpoint: str, prompt: Prompt, params: SamplingParams, n: int,
-                 conversation: str | None = None) -> tuple[str, list[Completion]]:
-        """Generate ``n`` choices; returns the response id under which they wait for feedback."""
+    def generate(self, endpoint: str, prompt_ids: list[int], params: SamplingParams, n: int, *,
+                 on_done: Callable[[list[Completion] | None, BaseException | None], None],
+                 on_tokens: TokenListener | None = None, conversation: str | None = None) -> tuple[str, Job]:
+        """Queue a request of ``n`` choices; returns its response id and job. Its completions wait for feedback
+        before ``on_done`` hears them. Raises :class:`~streamrft.engines.serving.Overloaded` when the engine
+        and its queue are full."""
         self.c_requests.labels(endpoint).inc()
-        with self._engine_lock:
-            completions = self.engine.generate_one(prompt, params, n=n)
-        request_id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        self.pending.add(request_id, completions, conversation)
-        self.c_tokens.inc(sum(len(c.response_ids) for c in completions))
-        return request_id, completions
+        response_id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+
+        def done(completions: list[Completion] | None, error: BaseException | None) -> None:
+            if completions is not None:
+                self.pending.add(response_id, completions, conversation)
+                self.c_tokens.inc(sum(len(c.response_ids) for c in completions))
+            on_done(completions, error)
+
+        job = Job(prompt_ids, params, n, on_done=done, on_tokens=on_tokens)
+        self.serving.submit(job)
+        return response_id, job
+
+    def cancel(self, job: Job) -> None:
+        self.serving.cancel(job)
 
     # -- feedback ------------------------------------------------------------------------------------------------
     def feedback(self, response_id: str, choice: int, reward: float, *, group_id: str | None = None,
-                 group_size: int | None = None, end_conversation: bool = False) -> list[Experience]:
-        """Write the rewarded response as an Experience (one transaction) and return what was written: under
-        ``conversation`` grouping nothing until the conversation ends, then all of its responses. FeedbackError
-        when it cannot be used; nothing is lost then (the response may get its feedback again)."""
+                 group_size: int | None = None, end_conversation: bool = False) -> Answer:
+        """What ``POST /feedback`` answers (the module docstring); raises FeedbackError for a refusal."""
         conversational = self.settings.grouping == "conversation"
         if end_conversation and not conversational:
-            self.c_feedback.labels("refused").inc()
+            self._refused()
             raise FeedbackError(422, "end_conversation needs serve.grouping: conversation (this server groups by "
                                      f"{self.settings.grouping})")
+        answered = self._answer_from_receipt(response_id, choice, reward)
+        if answered is not None:
+            return answered
+        key = (response_id, choice)
+        with self._in_flight_lock:
+            busy = self._in_flight.get(key)
+            if busy is None:
+                self._in_flight[key] = threading.Event()
+        if busy is not None:  # the same feedback, being written now: its outcome is this one's
+            busy.wait(self.settings.feedback_timeout_s)
+            answered = self._answer_from_receipt(response_id, choice, reward)
+            if answered is not None:
+                return answered
+            raise FeedbackError(503, f"the feedback on {response_id} choice {choice} sent before this one is not "
+                                     "written (yet); send it again")
+        release = lambda: self._release(key)  # noqa: E731
+        try:
+            return self._feedback(response_id, choice, reward, group_id, group_size, end_conversation, release)
+        except BaseException:
+            release()  # nothing was handed to the writer
+            raise
+
+    def _release(self, key: tuple[str, int]) -> None:
+        with self._in_flight_lock:
+            event = self._in_flight.pop(key, None)
+        if event is not None:
+            event.set()
+
+    def _answer_from_receipt(self, response_id: str, choice: int, reward: float) -> Answer | None:
+        receipt = self.receipts.get(response_id, choice)
+        if receipt is None:
+            return None
+        if receipt.reward != reward:
+            self._refused()
+            raise FeedbackError(409, f"response {response_id} choice {choice} has had its feedback already "
+                                     f"(reward {receipt.reward}, this one {reward})")
+        self.c_feedback.labels("replayed").inc()
+        return Answer(200, receipt_body(receipt))
+
+    def _feedback(self, response_id: str, choice: int, reward: float, group_id: str | None,
+                  group_size: int | None, end_conversation: bool, release: Callable[[], None]) -> Answer:
         try:
             pending = self.pending.take(response_id, choice)
         except FeedbackError:
-            self.c_feedback.labels("refused").inc()
+            self._refused()
             raise
-        if conversational:
-            return self._converse(pending, reward, end_conversation)
+        if self.settings.grouping == "conversation":
+            return self._converse(pending, reward, end_conversation, release)
         try:
             group, size, index = self.grouping.assign(pending, group_id, group_size)
         except FeedbackError:
             self.pending.give_back(pending)
-            self.c_feedback.labels("refused").inc()
+            self._refused()
             raise
-        experience = self._experience(pending, reward, group, size, index)
-        self._write([experience], f"the feedback on {response_id}", undo=lambda: self.pending.give_back(pending))
-        return [experience]
+        experience, receipt = self._experience(pending, reward, group, size, index)
+        self._write(_Write([experience], [receipt], undo=lambda: self.pending.give_back(pending), release=release),
+                    f"the feedback on {response_id}")
+        return Answer(200, receipt_body(receipt))
 
-    def _converse(self, pending: Pending, reward: float, end: bool) -> list[Experience]:
+    def _converse(self, pending: Pending, reward: float, end: bool, release: Callable[[], None]) -> Answer:
         if not pending.conversation:
             self.pending.give_back(pending)
-            self.c_feedback.labels("refused").inc()
+            self._refused()
             raise FeedbackError(422, "serve.grouping is conversation: the request must name its conversation "
                                      "(conversation_id in the request body)")
-        self.conversations.add(pending, reward)
+        held = self.conversations.add(pending, reward)
         self.c_feedback.labels("held").inc()
         if not end:
-            return []
-        held = self.conversations.end(pending.conversation)
+            release()
+            return Answer(202, {"written": [], "group_size": 0, "held": held})
+        responses = self.conversations.end(pending.conversation)
         group = f"{self.server_id}-{pending.conversation}"
-        experiences = [self._experience(p, r, group, len(held), i) for i, (p, r) in enumerate(held)]
+        written = [self._experience(p, r, group, len(responses), i) for i, (p, r) in enumerate(responses)]
+
         def undo() -> None:  # the conversation stays open and this feedback may be sent again
-            self.conversations.give_back(pending.conversation, held[:-1])
+            self.conversations.give_back(pending.conversation, responses[:-1])
             self.pending.give_back(pending)
 
-        self._write(experiences, f"conversation {pending.conversation}", undo)
-        return experiences
+        self._write(_Write([e for e, _ in written], [r for _, r in written], undo=undo, release=release),
+                    f"conversation {pending.conversation}")
+        return Answer(200, {"written": [e.eid for e, _ in written], "group_size": len(written)})
 
-    def _write(self, experiences: list[Experience], what: str, undo) -> None:
-        def produce(producer) -> None:
-            for experience in experiences:
-                producer.produce(self.config.topic("experiences"), experience)
-
-        try:
-            with self._produce_lock:
-                self.runtime.transaction(produce, what)
-        except Exception as exc:
-            undo()
+    def _write(self, write: _Write, what: str) -> None:
+        """Hand the write to the feedback writer and wait for its commit (``serve.feedback_timeout_s``). One
+        that is not committed by then may still be: it stays with the writer (a retry waits for it and answers
+        from its receipt, or finds the response pending again once the writer gave up)."""
+        with self._writes_ready:
+            self._writes.append(write)
+            self._writes_ready.notify_all()
+        if not write.done.wait(self.settings.feedback_timeout_s):
             self.c_feedback.labels("failed").inc()
-            raise FeedbackError(503, f"could not write the experience ({exc}); send the feedback again") from exc
-        self.c_feedback.labels("written").inc(len(experiences))
+            raise FeedbackError(503, f"{what} is not committed after {self.settings.feedback_timeout_s:.0f}s "
+                                     "(serve.feedback_timeout_s); send the feedback again: it is never written twice")
+        if write.error is not None:
+            self.c_feedback.labels("failed").inc()
+            raise FeedbackError(503, f"could not write {what} ({write.error}); send the feedback again")
+        self.c_feedback.labels("written").inc(len(write.experiences))
 
-    def _experience(self, pending: Pending, reward: float, group: str, size: int, index: int) -> Experience:
+    def _experience(self, pending: Pending, reward: float, group: str, size: int,
+                    index: int) -> tuple[Experience, FeedbackReceipt]:
         c = pending.completion
         sample = WorkflowSample(tokens=list(c.prompt_ids) + list(c.response_ids), prompt_length=len(c.prompt_ids),
                                 logprobs=list(c.logprobs), reward=reward, truncated=c.truncated,
@@ -350,33 +355,91 @@ class ServeRole:
                                           task_id=pending.request_id, step=c.model_version,
                                           kind=RolloutKind.TRAIN, run_index=index, worker_id=self.server_id)
         experience.group_size = size
-        return experience
+        receipt = FeedbackReceipt(response_id=pending.request_id, choice=pending.choice, reward=reward,
+                                  eid=experience.eid, group_id=group, group_size=size, run_index=index,
+                                  model_version=c.model_version, server_id=self.server_id)
+        return experience, receipt
 
-    def close(self) -> None:
-        self.stop.request()
-        if self._follower.is_alive():
-            self._follower.join(self.settings.sync_poll_s + 5)
-        self.runtime.close()
+    def _refused(self) -> None:
+        self.c_feedback.labels("refused").inc()
+
+    # -- the feedback writer's side (its own thread) --------------------------------------------------------
+    def _take_writes(self) -> list[_Write]:
+        with self._writes_ready:
+            if not self._writes and not self.stop.requested:
+                self._writes_ready.wait(RECEIPT_POLL_S)
+            writes, self._writes = list(self._writes), deque()
+        return writes
 
 
-class _FollowWeights:
-    """Serve mode's role loop (``RoleRuntime.run``, on a thread of its own): follow ``sync`` and swap the engine
-    to each new version between generations."""
+class _EngineLoop:
+    """Serve mode's role loop: follow ``sync`` (every ``serve.sync_poll_s``) and step the serving loop."""
+
+    def __init__(self, serve: ServeRole) -> None:
+        self.serve = serve
+        self._next_sync = 0.0
+
+    def start(self, unit: UnitOfWork) -> None:
+        pass
+
+    def handle(self, unit: UnitOfWork) -> bool:
+        serve = self.serve
+        if time.monotonic() >= self._next_sync:
+            self._next_sync = time.monotonic() + serve.settings.sync_poll_s
+            serve.sync.poll(0)
+            serve.weights.follow(serve.sync)
+            for refusal in serve.weights.take_refusals():
+                logger.warning("%s: weights %s v%d refused (%s)", serve.server_id, refusal.signal.kind.value,
+                               refusal.signal.version, refusal.reason)
+        try:
+            serve.serving.step(timeout=0.05)
+        except Exception:  # noqa: BLE001 - a swap that failed: the server keeps serving the weights it has
+            logger.exception("%s: following the weights failed; serving v%d", serve.server_id, serve.engine.version)
+        return True
+
+    def finish(self, unit: UnitOfWork) -> None:
+        self.serve.serving.close()
+
+
+class _FeedbackWriter:
+    """The feedback writer's loop: every feedback waiting, with its receipt, in one transaction per pass; and
+    the receipts other servers write, read as they come."""
 
     def __init__(self, serve: ServeRole) -> None:
         self.serve = serve
 
-    def start(self, unit) -> None:
+    def start(self, unit: UnitOfWork) -> None:
         pass
 
-    def handle(self, unit) -> bool:
+    def handle(self, unit: UnitOfWork) -> bool:
         serve = self.serve
-        serve.sync.poll(serve.settings.sync_poll_s)
+        serve._read_receipts()
+        writes = serve._take_writes()
+        if not writes:
+            return True
+        for write in writes:
+            for experience in write.experiences:
+                unit.produce(serve.config.topic("experiences"), experience)
+            for receipt in write.receipts:
+                unit.produce(serve.config.topic("feedback"), receipt)
+        unit.describe(f"{sum(len(w.experiences) for w in writes)} feedback experience(s)")
         try:
-            serve._swap()
-        except Exception:  # noqa: BLE001 - the server keeps serving the weights it has
-            logger.exception("%s: following the weights failed; serving v%d", serve.server_id, serve.engine.version)
+            unit.commit()  # here rather than in the loop: a failed commit fails its feedback calls, not the server
+        except BaseException as exc:
+            unit.discard()
+            for write in writes:
+                write.finish(exc)
+            if isinstance(exc, FatalTransactionError):
+                raise
+            logger.error("%s: %d feedback write(s) failed (%s); their callers are told to send them again",
+                         serve.server_id, len(writes), exc)
+            return True
+        for write in writes:
+            for receipt in write.receipts:
+                serve.receipts.add(receipt)
+            write.finish()
         return True
 
-    def finish(self, unit) -> None:
-        pass
+    def finish(self, unit: UnitOfWork) -> None:
+        for write in self.serve._take_writes():
+            write.finish(RuntimeError("the server is stopping"))

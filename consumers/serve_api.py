@@ -1,28 +1,43 @@
 """The HTTP side of serve mode: an OpenAI-compatible API (FastAPI) over a :class:`ServeRole`.
 
 ``/v1/chat/completions`` and ``/v1/completions`` (``stream`` or not, ``n`` choices, ``logprobs``), ``/v1/models``,
-``/health``, ``/metrics`` (Prometheus) and ``POST /feedback``. The engines generate a request whole, so a
-streamed response sends its tokens as soon as the generation is done, one chunk per token, as a streaming
-client expects them; the first byte comes no sooner than the whole answer. ``system_fingerprint`` is the
-weights version (``v3``) that generated the choices. With ``serve.api_key`` set, every route but ``/health``
-needs ``Authorization: Bearer <key>``.
+``/health``, ``/metrics`` (Prometheus) and ``POST /feedback``. Requests are jobs of the role's serving loop, so
+concurrent clients share the engine's batch. A streamed response sends each choice's text as the engine
+produces its tokens (``serve_stream.TextDeltas``), with ``usage`` in a last chunk when the client asks
+(``stream_options.include_usage``); a client that disconnects stops its request in the engine.
+``system_fingerprint`` is the weights version (``v3``) that generated the choices.
+
+Bounds: a body over ``serve.max_body_bytes`` is 413; more than ``serve.max_n`` choices or a prompt over
+``serve.max_prompt_tokens`` is 400; ``max_tokens`` is capped at ``serve.max_tokens``; a full engine and queue
+answer 429 with Retry-After; a request past ``serve.request_timeout_s`` is 504 (or an error event, streamed).
+With ``serve.api_key`` set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from streamrft.engines.inference import Completion
+from streamrft.engines.serving import JobStopped, Overloaded
 
-from .serve import FeedbackError, ServeRole
+from .serve import ServeRole
+from .serve_feedback import FeedbackError
+from .serve_stream import TextDeltas
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
 
 
 class _Request(BaseModel):
@@ -32,16 +47,21 @@ class _Request(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=64)
+    n: int = Field(default=1, ge=1)
     # serve.grouping conversation: which conversation the request belongs to (the openai client sends it with
     # extra_body={"conversation_id": ...})
     conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
 
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
 
 
 class Message(BaseModel):
@@ -74,50 +94,184 @@ def _finish(completion: Completion) -> str:
     return "length" if completion.truncated else "stop"
 
 
-def _usage(completions: list[Completion]) -> dict[str, int]:
-    prompt = len(completions[0].prompt_ids) if completions else 0
+def _usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, int]:
     generated = sum(len(c.response_ids) for c in completions)
-    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+           headers: dict[str, str] | None = None) -> HTTPException:
+    return HTTPException(status, detail={"message": message, "type": kind, "code": code}, headers=headers)
+
+
+class _Events:
+    """What the engine's thread tells one request, handed to the event loop that serves it: ("tokens", choice,
+    ids, logprobs) as they come, then ("done", completions, error)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    def tokens(self, _prompt: int, choice: int, ids: list[int], logprobs: list[float]) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("tokens", choice, ids, logprobs))
+
+    def done(self, completions: list[Completion] | None, error: BaseException | None) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("done", completions, error))
+
+    async def result(self) -> list[Completion]:
+        while True:
+            kind, *rest = await self.queue.get()
+            if kind == "done":
+                completions, error = rest
+                if error is not None:
+                    raise error
+                return completions
+
+
+class _BodyLimit:
+    """413 for a request body over ``max_bytes`` (declared, or counted as it is received)."""
+
+    class _TooLarge(Exception):
+        pass
+
+    def __init__(self, app, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(scope, receive, send)
+        received = 0
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise self._TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except self._TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope, receive, send):
+        response = JSONResponse(status_code=413, content={"error": {
+            "message": f"the request body is over serve.max_body_bytes ({self.max_bytes:,} bytes)",
+            "type": "invalid_request_error", "code": "request_too_large"}})
+        await response(scope, receive, send)
 
 
 def create_app(role: ServeRole) -> FastAPI:
     app = FastAPI(title="streamrft serve", version="1")
+    app.add_middleware(_BodyLimit, max_bytes=role.settings.max_body_bytes)
     key = role.settings.api_key.get_secret_value() if role.settings.api_key else None
+    decode = role.engine.decode
+
+    @app.exception_handler(HTTPException)
+    async def openai_errors(_request, exc: HTTPException):  # OpenAI's error shape, which its client reads
+        body = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
+        return JSONResponse(status_code=exc.status_code, content={"error": body, "detail": body},
+                            headers=exc.headers)
 
     def authorized(authorization: str | None = Header(default=None)) -> None:
         if key is None:
             return
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), key.encode()):
-            raise HTTPException(401, detail={"message": "a valid API key is needed (Authorization: Bearer ...)",
-                                             "type": "invalid_request_error", "code": "invalid_api_key"})
+            raise _error(401, "a valid API key is needed (Authorization: Bearer ...)", code="invalid_api_key")
 
-    def check_model(name: str) -> None:
-        if name and name != role.model_name:
-            raise HTTPException(404, detail={"message": f"model {name!r} is not served here; this server serves "
-                                                        f"{role.model_name!r}", "type": "invalid_request_error",
-                                             "code": "model_not_found"})
+    def check(request: _Request, prompt_ids: list[int]) -> None:
+        if request.model and request.model != role.model_name:
+            raise _error(404, f"model {request.model!r} is not served here; this server serves {role.model_name!r}",
+                         code="model_not_found")
+        if request.n > role.settings.max_n:
+            raise _error(400, f"n = {request.n}: a request may ask for at most {role.settings.max_n} choices "
+                              "(serve.max_n)")
+        if not prompt_ids:
+            raise _error(422, "the prompt is empty")
+        if len(prompt_ids) > role.max_prompt_tokens:
+            raise _error(400, f"a prompt of {len(prompt_ids)} tokens; at most {role.max_prompt_tokens} "
+                              "(serve.max_prompt_tokens)", code="context_length_exceeded")
 
     def pieces(completion: Completion) -> list[str]:
         """The text of each response token, so that they add up to the decoded response."""
         out, before = [], ""
         for i in range(1, len(completion.response_ids) + 1):
-            text = role.engine.decode(completion.response_ids[:i])
+            text = decode(completion.response_ids[:i])
             out.append(text[len(before):])
             before = text
         return out
 
-    def sse(chunks: Iterator[dict[str, Any]]) -> StreamingResponse:
-        def body() -> Iterator[str]:
-            for chunk in chunks:
-                yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
+    def submit(endpoint: str, request: _Request, prompt_ids: list[int], max_tokens: int | None):
+        params = role.params(temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens,
+                             seed=request.seed, stop=request.stops())
+        events = _Events()
+        try:
+            response_id, job = role.generate(endpoint, prompt_ids, params, request.n, on_done=events.done,
+                                             on_tokens=events.tokens if request.stream else None,
+                                             conversation=request.conversation_id)
+        except Overloaded as exc:
+            raise _error(429, f"the server is full ({exc}); try again later", kind="rate_limit_error",
+                         code="server_overloaded", headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
+        head = {"id": response_id, "created": int(time.time()), "model": role.model_name}
+        return events, job, head
+
+    async def completions_of(events: _Events, job) -> list[Completion]:
+        try:
+            return await events.result()
+        except JobStopped as exc:
+            raise _error(504, str(exc), kind="timeout")
+        except asyncio.CancelledError:
+            role.cancel(job)
+            raise
+
+    def sse(chunks: AsyncIterator[dict[str, Any]], job) -> StreamingResponse:
+        async def body() -> AsyncIterator[str]:
+            finished = False
+            try:
+                async for chunk in chunks:
+                    yield f"data: {json.dumps(chunk)}\n\n"
+                finished = True
+                yield "data: [DONE]\n\n"
+            finally:
+                if not finished:  # the client went away (or the stream broke): the request leaves the engine
+                    role.cancel(job)
         return StreamingResponse(body(), media_type="text/event-stream")
+
+    async def streamed(events: _Events, job, n: int, stops: list[str], chunk_of, usage_chunk) -> AsyncIterator:
+        """Chunks of a streamed request: ``chunk_of(choice, text, ids, logprobs, finish)`` for each choice's
+        new text (None: nothing worth a chunk yet), then each choice's rest and finish, then (asked for)
+        ``usage_chunk(completions)``."""
+        texts = [TextDeltas(decode, stops) for _ in range(n)]
+        while True:
+            kind, *rest = await events.queue.get()
+            if kind == "tokens":
+                choice, ids, logprobs = rest
+                chunk = chunk_of(choice, texts[choice].add(ids), ids, logprobs, None)
+                if chunk is not None:
+                    yield chunk
+                continue
+            completions, error = rest
+            if error is not None:
+                kind = "timeout" if isinstance(error, JobStopped) else "server_error"
+                yield {"error": {"message": str(error), "type": kind}}
+                return
+            for i, completion in enumerate(completions):
+                yield chunk_of(i, texts[i].finish(completion.text), [], [], _finish(completion))
+            if usage_chunk is not None:
+                yield usage_chunk(completions)
+            return
 
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {"status": "ok", "model": role.model_name, "model_version": role.version,
-                "pending": len(role.pending)}
+                "pending": len(role.pending), "running": role.serving.running, "waiting": role.serving.waiting}
 
     @app.get("/metrics", dependencies=[Depends(authorized)])
     def metrics() -> PlainTextResponse:
@@ -129,88 +283,88 @@ def create_app(role: ServeRole) -> FastAPI:
                                             "owned_by": "streamrft"}]}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
-    def chat(request: ChatRequest):
-        check_model(request.model)
-        params = role.params(temperature=request.temperature, top_p=request.top_p,
-                             max_tokens=request.max_completion_tokens or request.max_tokens, seed=request.seed,
-                             stop=request.stops())
+    async def chat(request: ChatRequest):
         messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        response_id, completions = role.complete("chat", messages, params, request.n,
-                                                  request.conversation_id)
-        created, fingerprint = int(time.time()), f"v{completions[0].model_version}"
-        head = {"id": response_id, "created": created, "model": role.model_name, "system_fingerprint": fingerprint}
+        prompt_ids = role.engine.prompt_ids(messages)
+        check(request, prompt_ids)
+        events, job, head = submit("chat", request, prompt_ids, request.max_completion_tokens or request.max_tokens)
 
-        def logprobs(c: Completion, texts: list[str]) -> dict[str, Any] | None:
+        def logprobs_of(texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
             if not request.logprobs:
                 return None
             return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                                for t, lp in zip(texts, c.logprobs)]}
+                                for t, lp in zip(texts, logprobs)]}
 
         if not request.stream:
+            done = await completions_of(events, job)
             choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs(c, pieces(c)), "finish_reason": _finish(c)}
-                       for i, c in enumerate(completions)]
-            return {**head, "object": "chat.completion", "choices": choices, "usage": _usage(completions)}
+                        "logprobs": logprobs_of(pieces(c), c.logprobs), "finish_reason": _finish(c)}
+                       for i, c in enumerate(done)]
+            return {**head, "system_fingerprint": f"v{done[0].model_version}", "object": "chat.completion",
+                    "choices": choices, "usage": _usage(len(prompt_ids), done)}
 
-        def chunks() -> Iterator[dict[str, Any]]:
-            chunk = {**head, "object": "chat.completion.chunk"}
-            for i, c in enumerate(completions):
-                texts = pieces(c)
-                yield {**chunk, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                             "finish_reason": None}]}
-                for text, lp in zip(texts, c.logprobs):
-                    step = {"content": [{"token": text, "logprob": lp, "bytes": list(text.encode()),
-                                         "top_logprobs": []}]} if request.logprobs else None
-                    yield {**chunk, "choices": [{"index": i, "delta": {"content": text}, "logprobs": step,
-                                                 "finish_reason": None}]}
-                yield {**chunk, "choices": [{"index": i, "delta": {}, "finish_reason": _finish(c)}]}
-        return sse(chunks())
+        started: set[int] = set()
+
+        def chunk_of(choice: int, text: str, ids: list[int], logprobs: list[float],
+                     finish: str | None) -> dict | None:
+            if not text and finish is None and choice in started and not request.logprobs:
+                return None  # its text is held back (a partial character, a possible stop string)
+            delta: dict[str, Any] = {"content": text} if text or finish is None else {}
+            if choice not in started:
+                started.add(choice)
+                delta = {"role": "assistant", **delta, "content": text}
+            return {**head, "system_fingerprint": f"v{job.version}", "object": "chat.completion.chunk",
+                    "choices": [{"index": choice, "delta": delta, "finish_reason": finish,
+                                 "logprobs": logprobs_of([decode([i]) for i in ids], logprobs) if ids else None}]}
+
+        def usage_chunk(done: list[Completion]) -> dict:
+            return {**head, "system_fingerprint": f"v{job.version}", "object": "chat.completion.chunk",
+                    "choices": [], "usage": _usage(len(prompt_ids), done)}
+
+        return sse(streamed(events, job, request.n, request.stops(), chunk_of,
+                            usage_chunk if request.include_usage else None), job)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    def completions(request: CompletionRequest):
-        check_model(request.model)
-        params = role.params(temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens,
-                             seed=request.seed, stop=request.stops())
-        prompt = request.prompt if isinstance(request.prompt, list) else role.engine.encode(request.prompt)
-        if not prompt:
-            raise HTTPException(422, detail={"message": "the prompt is empty", "type": "invalid_request_error"})
-        response_id, done = role.complete("completions", prompt, params, request.n,
-                                               request.conversation_id)
-        head = {"id": response_id, "created": int(time.time()), "model": role.model_name,
-                "system_fingerprint": f"v{done[0].model_version}"}
+    async def completions(request: CompletionRequest):
+        prompt_ids = list(request.prompt) if isinstance(request.prompt, list) else role.engine.encode(request.prompt)
+        check(request, prompt_ids)
+        events, job, head = submit("completions", request, prompt_ids, request.max_tokens)
 
-        def logprobs(c: Completion, texts: list[str]) -> dict[str, Any] | None:
+        def logprobs_of(texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
             if request.logprobs is None:
                 return None
             offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
-            return {"tokens": texts, "token_logprobs": list(c.logprobs), "top_logprobs": None,
-                    "text_offset": offsets}
+            return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
 
         if not request.stream:
-            choices = [{"index": i, "text": c.text, "logprobs": logprobs(c, pieces(c)), "finish_reason": _finish(c)}
-                       for i, c in enumerate(done)]
-            return {**head, "object": "text_completion", "choices": choices, "usage": _usage(done)}
+            done = await completions_of(events, job)
+            choices = [{"index": i, "text": c.text, "logprobs": logprobs_of(pieces(c), c.logprobs),
+                        "finish_reason": _finish(c)} for i, c in enumerate(done)]
+            return {**head, "system_fingerprint": f"v{done[0].model_version}", "object": "text_completion",
+                    "choices": choices, "usage": _usage(len(prompt_ids), done)}
 
-        def chunks() -> Iterator[dict[str, Any]]:
-            for i, c in enumerate(done):
-                for text in pieces(c):
-                    yield {**head, "object": "text_completion",
-                           "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": None}]}
-                yield {**head, "object": "text_completion",
-                       "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": _finish(c)}]}
-        return sse(chunks())
+        def chunk_of(choice: int, text: str, ids: list[int], logprobs: list[float],
+                     finish: str | None) -> dict | None:
+            if not text and finish is None and request.logprobs is None:
+                return None
+            return {**head, "system_fingerprint": f"v{job.version}", "object": "text_completion",
+                    "choices": [{"index": choice, "text": text, "finish_reason": finish,
+                                 "logprobs": logprobs_of([decode([i]) for i in ids], logprobs) if ids else None}]}
+
+        def usage_chunk(done: list[Completion]) -> dict:
+            return {**head, "system_fingerprint": f"v{job.version}", "object": "text_completion", "choices": [],
+                    "usage": _usage(len(prompt_ids), done)}
+
+        return sse(streamed(events, job, request.n, request.stops(), chunk_of,
+                            usage_chunk if request.include_usage else None), job)
 
     @app.post("/feedback", dependencies=[Depends(authorized)])
-    def feedback(body: Feedback) -> dict[str, Any]:
+    def feedback(body: Feedback):
         try:
-            written = role.feedback(body.response_id, body.choice, body.reward, group_id=body.group_id,
-                                    group_size=body.group_size, end_conversation=body.end_conversation)
+            answer = role.feedback(body.response_id, body.choice, body.reward, group_id=body.group_id,
+                                   group_size=body.group_size, end_conversation=body.end_conversation)
         except FeedbackError as exc:
-            raise HTTPException(exc.status, detail={"message": str(exc), "type": "invalid_request_error"})
-        if role.settings.grouping == "conversation":  # held until the conversation ends, then written whole
-            return {"written": [e.eid for e in written], "group_size": len(written)}
-        experience = written[0]
-        return {"eid": experience.eid, "group_id": experience.group_id, "group_size": experience.group_size,
-                "run_index": experience.run_index, "model_version": experience.model_version}
+            raise _error(exc.status, str(exc))
+        return JSONResponse(status_code=answer.status, content=answer.body)
 
     return app

@@ -81,6 +81,10 @@ class UnitOfWork:
         """What the unit does, for its log lines and errors ("publishing step 3")."""
         self._what.append(what)
 
+    def discard(self) -> None:
+        """Forget what is staged (its commit failed and the role handles that itself)."""
+        self._reset()
+
     def touch(self) -> None:
         """The role's state changed: commit even when nothing else was staged."""
         self._touched = True

@@ -14,6 +14,7 @@ from .packing import pack_f32, pack_i32, pack_u8, unpack_f32, unpack_i32, unpack
 from .records import (
     RECORD_TYPES,
     Experience,
+    FeedbackReceipt,
     Metric,
     Record,
     RolloutKind,

@@ -275,6 +275,28 @@ class Metric(Record):
         return self.source
 
 
+@dataclass(slots=True)
+class FeedbackReceipt(Record):
+    schema_name: ClassVar[str] = "FeedbackReceipt"
+    _converters: ClassVar[dict[str, Any]] = {"created_at": _millis}
+
+    response_id: str
+    choice: int
+    reward: float
+    eid: str
+    group_id: str
+    group_size: int
+    run_index: int
+    model_version: int
+    server_id: str = ""
+    created_at: int = field(default_factory=now_ms)
+
+    @property
+    def key(self) -> str:
+        return f"{self.response_id}/{self.choice}"
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
-    cls.schema_name: cls for cls in (Task, RolloutRequest, Experience, RolloutResult, SyncSignal, Metric)
+    cls.schema_name: cls
+    for cls in (Task, RolloutRequest, Experience, RolloutResult, SyncSignal, Metric, FeedbackReceipt)
 }

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from streamrft.schemas import (Experience, InvalidRecordError, Metric, RolloutRequest, RolloutResult, SyncKind,
+from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, RolloutRequest, RolloutResult, SyncKind,
                                SyncMethod, SyncSignal, Task)
 
 MAX_ID_CHARS = 512  # task_id, request_id, group_id, eid: they are keys and appear in the explorer's state
@@ -118,6 +118,21 @@ def check_result(result: RolloutResult) -> None:
     for name in ("reward_mean", "reward_std", "reward_min", "reward_max", "accuracy", "response_length_mean"):
         if not math.isfinite(getattr(result, name)):
             _fail("non-finite", f"result {result.request_id!r}: {name} is {getattr(result, name)}")
+
+
+def check_receipt(receipt: FeedbackReceipt) -> None:
+    """Ids present, counts in range, a finite reward, the run index inside its group."""
+    _check_id(receipt.response_id, "response_id")
+    _check_id(receipt.eid, f"receipt of {receipt.response_id!r}: eid")
+    _check_id(receipt.group_id, f"receipt of {receipt.response_id!r}: group_id")
+    _check_count(receipt.choice, f"receipt of {receipt.response_id!r}: choice")
+    _check_count(receipt.model_version, f"receipt of {receipt.response_id!r}: model_version")
+    _check_count(receipt.group_size, f"receipt of {receipt.response_id!r}: group_size", minimum=1)
+    if not 0 <= receipt.run_index < receipt.group_size:
+        _fail("out-of-range", f"receipt of {receipt.response_id!r}: run_index {receipt.run_index} outside its "
+                              f"group of {receipt.group_size}")
+    if not math.isfinite(receipt.reward):
+        _fail("non-finite", f"receipt of {receipt.response_id!r}: reward {receipt.reward}")
 
 
 def check_metric(metric: Metric) -> None:
@@ -299,4 +314,5 @@ TOPIC_CHECKS: dict[str, Callable[..., None]] = {
     "sync": check_sync,
     "control": check_control,
     "metrics": check_metric,
+    "feedback": check_receipt,
 }

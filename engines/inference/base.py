@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 import sys
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Union
 
@@ -100,6 +100,13 @@ class Completion:
         return self.finish_reason == "stop" and self.stop_reason is None
 
 
+# on_tokens(prompt_index, sample_index, token_ids, logprobs): the tokens a call's sample gained since the last
+# call (called on the thread that steps the engine); every sample's tokens add up to its Completion's. A
+# listener that answers False wants no more of that sample: an engine that can stops it there (the transformers
+# engine drops the row from its batch at once; vLLM's calls are aborted between its short steps anyway).
+TokenListener = Callable[[int, int, list[int], list[float]], "bool | None"]
+
+
 @dataclass(slots=True)
 class GenerationCall:
     """One ``generate`` call handed to :meth:`InferenceEngine.submit`, under the caller's key."""
@@ -108,6 +115,7 @@ class GenerationCall:
     prompts: list[Prompt]
     params: list[SamplingParams]
     n: int
+    on_tokens: TokenListener | None = None
 
 
 # what a step hands back for a finished call: its key and result[i][j], or the exception it failed with
@@ -152,10 +160,13 @@ class InferenceEngine(ABC):
     running batch between steps; False when one step runs every submitted call to its end (one ``generate``)."""
 
     def submit(self, key: Hashable, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
-               n: int = 1) -> None:
+               n: int = 1, on_tokens: TokenListener | None = None) -> None:
         """Queue a ``generate`` call under ``key`` (unique among unfinished calls); a later :meth:`step` hands
-        back its result."""
-        self._submitted().append(GenerationCall(key, list(prompts), per_prompt_params(params, len(prompts)), n))
+        back its result. ``on_tokens`` hears each sample's tokens as the engine produces them (streaming): an
+        incremental engine calls it at every step, a batch engine when it can (this default: once per sample,
+        when the call is done)."""
+        self._submitted().append(GenerationCall(key, list(prompts), per_prompt_params(params, len(prompts)), n,
+                                                on_tokens))
 
     def step(self) -> list[Finished]:
         """Advance the submitted calls and hand back those that finished. A call that fails fails alone: its
@@ -198,7 +209,9 @@ class InferenceEngine(ABC):
                                 [p for call in calls for p in call.params], n)
         finished, start = [], 0
         for call in calls:
-            finished.append((call.key, outputs[start : start + len(call.prompts)]))
+            result = outputs[start : start + len(call.prompts)]
+            announce_whole(call, result)
+            finished.append((call.key, result))
             start += len(call.prompts)
         return finished
 
@@ -297,6 +310,15 @@ def check_load(layout: Layout, pending: Sequence[tuple[str, "torch.Tensor"]]) ->
                      if dtype_kind(t.dtype) != dtype_kind(layout[name][1])]
     if unconvertible:
         raise ValueError(f"dtype of another kind (first 5): {unconvertible[:5]}")
+
+
+def announce_whole(call: GenerationCall, result: list[list[Completion]]) -> None:
+    """Tell a call's listener each sample whole (what an engine that cannot stream does once a call is done)."""
+    if call.on_tokens is None:
+        return
+    for i, samples in enumerate(result):
+        for j, completion in enumerate(samples):
+            call.on_tokens(i, j, list(completion.response_ids), list(completion.logprobs))
 
 
 def per_prompt_params(

@@ -19,10 +19,12 @@ from typing import Any
 
 from .base import (
     Completion,
+    GenerationCall,
     InferenceEngine,
     Prompt,
     SamplingParams,
     WeightsInput,
+    announce_whole,
     find_stop,
     iter_weights,
     per_prompt_params,
@@ -82,9 +84,9 @@ class FakeEngine(InferenceEngine):
             for ids, p in zip(prompt_ids, per_prompt_params(params, len(prompts)))
         ]
 
-    def submit(self, key, prompts, params, n: int = 1) -> None:
+    def submit(self, key, prompts, params, n: int = 1, on_tokens=None) -> None:
         if not self.incremental:
-            return super().submit(key, prompts, params, n)
+            return super().submit(key, prompts, params, n, on_tokens)
         self.calls += 1
         try:
             result: list[list[Completion]] | BaseException = [
@@ -92,7 +94,8 @@ class FakeEngine(InferenceEngine):
                 for p, sp in zip(prompts, per_prompt_params(params, len(prompts)))]
         except Exception as exc:  # noqa: BLE001 - the call fails alone, as in a real engine
             result = exc
-        self._due.append((time.monotonic() + self.latency_s * n * len(prompts), key, result))
+        call = GenerationCall(key, list(prompts), per_prompt_params(params, len(prompts)), n, on_tokens)
+        self._due.append((time.monotonic() + self.latency_s * n * len(prompts), call, result))
 
     def step(self):
         if not self.incremental:
@@ -102,7 +105,12 @@ class FakeEngine(InferenceEngine):
         # a step is short (as vLLM's): calls submitted meanwhile join at the next one
         time.sleep(min(0.02, max(0.0, min(due for due, _, _ in self._due) - time.monotonic())))
         now = time.monotonic()
-        finished = [(key, result) for due, key, result in self._due if due <= now]
+        finished = []
+        for due, call, result in self._due:
+            if due <= now:
+                if not isinstance(result, BaseException):
+                    announce_whole(call, result)
+                finished.append((call.key, result))
         self._due = [entry for entry in self._due if entry[0] > now]
         return finished
 
@@ -110,7 +118,7 @@ class FakeEngine(InferenceEngine):
         if not self.incremental:
             return super().abort(keys)
         dropped = set(keys)
-        self._due = [entry for entry in self._due if entry[1] not in dropped]
+        self._due = [entry for entry in self._due if entry[1].key not in dropped]
 
     @property
     def unfinished(self) -> int:

@@ -13,7 +13,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,8 @@ from ..models import MODEL_LOAD_LOCK
 from .base import (
     Completion,
     EngineError,
+    Finished,
+    GenerationCall,
     InferenceEngine,
     Prompt,
     SamplingParams,
@@ -80,10 +82,12 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 
 @dataclass
 class _Row:
-    """One sample being decoded."""
+    """One sample being decoded. ``listen(token, logprob)`` hears each token as it is sampled (streaming); when
+    it answers False the row stops there."""
 
     prompt_ids: list[int]
     generator: torch.Generator | None
+    listen: Callable[[int, float], bool | None] | None = None
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
@@ -150,18 +154,40 @@ class TransformersEngine(InferenceEngine):
     def generate(
         self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
     ) -> list[list[Completion]]:
+        return self._generate(prompts, params, n)
+
+    def _generate_for(self, calls: list[GenerationCall], n: int) -> list[Finished]:
+        """Submitted calls in one batch; a call's listener hears each token as it is decoded."""
+        listeners = [self._listener(call.on_tokens, i) if call.on_tokens else None
+                     for call in calls for i in range(len(call.prompts))]
+        outputs = self._generate([p for call in calls for p in call.prompts],
+                                 [p for call in calls for p in call.params], n, listeners)
+        finished, start = [], 0
+        for call in calls:
+            finished.append((call.key, outputs[start : start + len(call.prompts)]))
+            start += len(call.prompts)
+        return finished
+
+    @staticmethod
+    def _listener(on_tokens, prompt_index: int) -> Callable[[int], Callable[[int, float], bool | None]]:
+        return lambda sample: lambda token, logprob: on_tokens(prompt_index, sample, [token], [logprob])
+
+    def _generate(self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int,
+                  listeners: Sequence | None = None) -> list[list[Completion]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         rows: list[_Row] = []
         # rows that differ only in their seed are decoded together
         batches: dict[SamplingParams, list[_Row]] = {}
-        for prompt, sample_params in zip(prompts, per_prompt_params(params, len(prompts))):
+        for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
             ids = self.prompt_ids(prompt)
             if self.max_model_len is not None and len(ids) >= self.max_model_len:
                 raise EngineError(f"a prompt of {len(ids)} tokens leaves no room in the model's "
                                   f"{self.max_model_len} positions")
+            listener = listeners[i] if listeners else None
             for j in range(n):
-                row = _Row(prompt_ids=ids, generator=self._generator(sample_params, j))
+                row = _Row(prompt_ids=ids, generator=self._generator(sample_params, j),
+                           listen=listener(j) if listener else None)
                 rows.append(row)
                 batches.setdefault(sample_params.replace(seed=None), []).append(row)
         for shared, batch in batches.items():
@@ -210,7 +236,9 @@ class TransformersEngine(InferenceEngine):
                 row = rows[i]
                 row.response_ids.append(tokens_list[b])
                 row.logprobs.append(chosen_logprobs[b])
-                if tokens_list[b] == eos:
+                if row.listen is not None and row.listen(tokens_list[b], chosen_logprobs[b]) is False:
+                    row.finish_reason = "length"  # nobody wants the rest
+                elif tokens_list[b] == eos:
                     row.finish_reason = "stop"
                 elif params.stop and self._check_stop(row, params.stop):
                     pass

@@ -36,7 +36,7 @@ import logging
 import os
 import time
 from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .base import (
@@ -46,6 +46,7 @@ from .base import (
     InferenceEngine,
     Prompt,
     SamplingParams,
+    TokenListener,
     WeightsInput,
     check_load,
     check_shapes,
@@ -103,12 +104,26 @@ class HFLayout:
 
 @dataclass(slots=True)
 class _Call:
-    """A submitted call: its samples so far, per prompt as (sample index, completion), and how many of its vLLM
-    requests are still running."""
+    """A submitted call: its samples so far, per prompt as (sample index, completion), how many of its vLLM
+    requests are still running, and its listener with how many tokens of each sample it has heard."""
 
     key: Hashable
     samples: list[list[tuple[int, Completion]]]
     open: int = 0
+    on_tokens: TokenListener | None = None
+    heard: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def tell(self, prompt: int, sample: int, output: Any) -> None:
+        """Hand the listener what sample ``sample`` of ``prompt`` gained (``output``: vLLM's cumulative
+        ``CompletionOutput``)."""
+        if self.on_tokens is None:
+            return
+        start = self.heard.get((prompt, sample), 0)
+        ids = list(output.token_ids)
+        if len(ids) > start:
+            logprobs = [step[token].logprob for token, step in zip(ids[start:], output.logprobs[start:])]
+            self.heard[(prompt, sample)] = len(ids)
+            self.on_tokens(prompt, sample, ids[start:], logprobs)
 
 
 class VLLMEngine(InferenceEngine):
@@ -210,15 +225,17 @@ class VLLMEngine(InferenceEngine):
                     return result
 
     def submit(self, key: Hashable, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
-               n: int = 1) -> None:
+               n: int = 1, on_tokens: TokenListener | None = None) -> None:
         """Add the call's requests to vLLM's scheduler at once: they join the running batch at the next step.
-        With a seed, one request per sample, so that sample j is seeded seed + j as in the other engines."""
+        With a seed, one request per sample, so that sample j is seeded seed + j as in the other engines. With
+        ``on_tokens`` vLLM reports every step's output (cumulative) and the listener hears each new token."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        call = _Call(key, [[] for _ in prompts])
+        call = _Call(key, [[] for _ in prompts], on_tokens=on_tokens)
+        output_kind = RequestOutputKind.CUMULATIVE if on_tokens else RequestOutputKind.FINAL_ONLY
         added: list[str] = []
         try:
             for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
@@ -228,7 +245,7 @@ class VLLMEngine(InferenceEngine):
                 for j, count in per_request:
                     request_id = f"srft-{next(self._ids)}"
                     vllm_params = self.vllm_params(sample_params, count, sample_params.sample_seed(j))
-                    vllm_params.output_kind = RequestOutputKind.FINAL_ONLY  # the whole sample, once
+                    vllm_params.output_kind = output_kind  # the whole sample once, unless someone listens
                     self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), vllm_params)
                     added.append(request_id)
                     self._owner[request_id] = (call, i, j)
@@ -244,9 +261,14 @@ class VLLMEngine(InferenceEngine):
         if not self._calls_by_key:
             return finished
         for output in self.llm.llm_engine.step():
-            if not output.finished or output.request_id not in self._owner:
+            if output.request_id not in self._owner:
                 continue
-            call, i, j = self._owner.pop(output.request_id)
+            call, i, j = self._owner[output.request_id]
+            for k, sample in enumerate(output.outputs):
+                call.tell(i, j + k, sample)
+            if not output.finished:
+                continue
+            del self._owner[output.request_id]
             call.samples[i] += [(j + k, self.completion(list(output.prompt_token_ids), sample))
                                 for k, sample in enumerate(output.outputs)]
             call.open -= 1

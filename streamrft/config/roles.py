@@ -252,3 +252,23 @@ class ServeConfig(Section):
     max_pending: int = Field(default=100_000, ge=1, description="completions kept for feedback; the oldest go first")
     max_tokens: int = Field(default=512, ge=1, description="upper bound of a request's max_tokens")
     sync_poll_s: float = Field(default=1.0, gt=0, description="how often the server looks for new weights")
+    server_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$",
+                                  description="this server's id (its transactional id: a restarted server with the "
+                                              "same id fences its predecessor); default a random one")
+    max_running: int = Field(default=64, ge=1, description="requests in the engine at once (each with its n "
+                                                           "choices; vLLM's max_num_seqs bounds the sequences)")
+    max_waiting: int = Field(default=64, ge=0, description="requests queued for the engine; beyond: 429 with "
+                                                           "Retry-After")
+    request_timeout_s: float = Field(default=120.0, gt=0,
+                                     description="a request not done this long after it came is stopped (504)")
+    batch_window_ms: float = Field(default=0.0, ge=0, le=10_000,
+                                   description="transformers engine: an idle engine waits this long for more "
+                                               "requests to batch with the first")
+    max_n: int = Field(default=16, ge=1, description="choices one request may ask for")
+    max_prompt_tokens: int | None = Field(default=None, ge=1,
+                                          description="prompt tokens one request may send; default "
+                                                      "limits.max_prompt_tokens")
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="largest request body (413 beyond)")
+    feedback_timeout_s: float = Field(default=90.0, gt=0,
+                                      description="how long a /feedback waits for its experience to be committed "
+                                                  "before it answers 503 (send it again: it is never written twice)")

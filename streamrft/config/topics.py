@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from streamrft.schemas import Experience, Metric, Record, RolloutRequest, RolloutResult, SyncSignal, Task
+from streamrft.schemas import (Experience, FeedbackReceipt, Metric, Record, RolloutRequest, RolloutResult, SyncSignal,
+                               Task)
 
 from .base import Section
 
@@ -96,6 +97,10 @@ TOPIC_KINDS: tuple[TopicKind, ...] = (
               doc="the explorer's signals: its state record, cancelled steps"),
     TopicKind("metrics", Metric, "source", writers=METRIC_WRITERS, readers=("monitor",), dead_letters=("monitor",),
               layout=TopicConfig(partitions=1), doc="scalar metrics of every role, with step and role"),
+    TopicKind("feedback", FeedbackReceipt, "<response_id>/<choice>", writers=("serve",), readers=("serve",),
+              dead_letters=("serve",),
+              layout=TopicConfig(partitions=1, cleanup_policy="compact,delete", retention_ms=7 * _DAY_MS),
+              doc="serve mode's receipts: what each acknowledged feedback wrote, so a retry writes nothing twice"),
 )
 DLQ_LAYOUT = TopicConfig(partitions=1, retention_ms=30 * _DAY_MS)
 

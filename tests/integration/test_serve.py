@@ -114,7 +114,9 @@ def test_feedback_becomes_experiences_a_trainer_learns_from_and_the_server_swaps
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"eid": f"{chat.id}/{i}", "group_id": chat.id, "group_size": 4, "run_index": i,
                                  "model_version": 0}
-    assert feedback(base, response_id=chat.id, choice=0, reward=1.0).status_code == 409  # never twice
+    again = feedback(base, response_id=chat.id, choice=0, reward=1.0)  # a retry: the same answer, nothing written
+    assert again.status_code == 200 and again.json()["eid"] == f"{chat.id}/0", again.text
+    assert feedback(base, response_id=chat.id, choice=0, reward=0.5).status_code == 409  # another reward: refused
     assert feedback(base, response_id="chatcmpl-unknown", reward=1.0).status_code == 404
     experiences = sorted(read_all(config, clients.bootstrap, "experiences", clients.serde, Experience, idle=1),
                          key=lambda e: e.run_index)
@@ -205,9 +207,10 @@ def test_conversation_grouping_writes_a_conversations_rewarded_turns_as_one_grou
         unnamed = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4)
         refused = feedback(base, response_id=unnamed.id, reward=1.0)
         assert refused.status_code == 422 and "conversation_id" in refused.text
-        assert feedback(base, response_id=turns[0].id, reward=0.0).json() == {"written": [], "group_size": 0}
-        assert feedback(base, response_id=elsewhere.id, reward=1.0).json()["written"] == []
-        assert feedback(base, response_id=turns[1].id, reward=0.5).json()["written"] == []
+        held = [feedback(base, response_id=turns[0].id, reward=0.0), feedback(base, response_id=elsewhere.id,
+                reward=1.0), feedback(base, response_id=turns[1].id, reward=0.5)]
+        assert [(r.status_code, r.json()["written"], r.json()["held"]) for r in held] == [  # 202: held, not written
+            (202, [], 1), (202, [], 1), (202, [], 2)]
         assert read_all(config, clients.bootstrap, "experiences", clients.serde, Experience, idle=0.5) == []
         ended = feedback(base, response_id=turns[2].id, reward=1.0, end_conversation=True).json()
         assert ended == {"written": [f"{t.id}/0" for t in turns], "group_size": 3}

@@ -204,6 +204,8 @@ def test_every_added_field_has_a_default():
                           "created_at"},
         "SyncSignal": {"kind", "version", "created_at"},
         "Metric": {"source", "role", "name", "value", "step", "created_at"},
+        "FeedbackReceipt": {"response_id", "choice", "reward", "eid", "group_id", "group_size", "run_index",
+                            "model_version", "created_at"},
     }
     for name in RECORD_NAMES:
         without_default = {f["name"] for f in schema_json(name)["fields"] if "default" not in f}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from streamrft.config import load_config
+from streamrft.config import TOPIC_NAMES, load_config
 from streamrft.deploy.kubernetes import render
 from streamrft.errors import ConfigError
 
@@ -61,7 +61,7 @@ def test_every_manifest_is_a_known_kind_with_a_valid_unique_name(manifests, conf
 
 def test_topics_are_the_runs_topics_with_their_layout(manifests, config):
     topics = {m["spec"]["topicName"]: m for m in _by_kind(manifests, "KafkaTopic").values()}
-    names = {config.topic(n) for n in ("tasks", "rollouts", "experiences", "results", "sync", "control", "metrics")}
+    names = {config.topic(n) for n in TOPIC_NAMES}
     assert set(topics) == names | {config.dlq_topic(n) for n in names}
     rollouts = topics[config.topic("rollouts")]
     assert rollouts["spec"]["partitions"] == config.topics.rollouts.partitions == 16
