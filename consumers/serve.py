@@ -74,6 +74,11 @@ def receipt_body(receipt: FeedbackReceipt) -> dict:
             "run_index": receipt.run_index, "model_version": receipt.model_version}
 
 
+class _StillWriting(FeedbackError):
+    """A feedback whose transaction has not ended by ``serve.feedback_timeout_s``: it stays with the writer (a
+    call sent again meanwhile waits for its outcome)."""
+
+
 @dataclass(eq=False)
 class _Write:
     """Feedback waiting for the writer's next transaction. ``undo`` gives its responses back when it fails;
@@ -249,30 +254,32 @@ class ServeRole:
         answered = self._answer_from_receipt(response_id, choice, reward)
         if answered is not None:
             return answered
-        key = (response_id, choice)
+        key, mine = (response_id, choice), threading.Event()
         with self._in_flight_lock:
-            busy = self._in_flight.get(key)
-            if busy is None:
-                self._in_flight[key] = threading.Event()
-        if busy is not None:  # the same feedback, being written now: its outcome is this one's
+            busy = self._in_flight.setdefault(key, mine)
+        if busy is not mine:  # the same feedback, being written now: its outcome is this one's
             busy.wait(self.settings.feedback_timeout_s)
             answered = self._answer_from_receipt(response_id, choice, reward)
             if answered is not None:
                 return answered
             raise FeedbackError(503, f"the feedback on {response_id} choice {choice} sent before this one is not "
                                      "written (yet); send it again")
-        release = lambda: self._release(key)  # noqa: E731
+        release = lambda: self._release(key, mine)  # noqa: E731
         try:
             return self._feedback(response_id, choice, reward, group_id, group_size, end_conversation, release)
+        except _StillWriting:
+            raise  # the writer holds it: the choice is released when its transaction ends, either way
         except BaseException:
-            release()  # nothing was handed to the writer
+            release()
             raise
 
-    def _release(self, key: tuple[str, int]) -> None:
+    def _release(self, key: tuple[str, int], event: threading.Event) -> None:
+        """The feedback on ``key`` that ``event`` stands for is written or given back: a call waiting for it may
+        answer, and a new one may start (released twice, the second time is a no-op)."""
         with self._in_flight_lock:
-            event = self._in_flight.pop(key, None)
-        if event is not None:
-            event.set()
+            if self._in_flight.get(key) is event:
+                del self._in_flight[key]
+        event.set()
 
     def _answer_from_receipt(self, response_id: str, choice: int, reward: float) -> Answer | None:
         receipt = self.receipts.get(response_id, choice)
@@ -337,7 +344,7 @@ class ServeRole:
             self._writes_ready.notify_all()
         if not write.done.wait(self.settings.feedback_timeout_s):
             self.c_feedback.labels("failed").inc()
-            raise FeedbackError(503, f"{what} is not committed after {self.settings.feedback_timeout_s:.0f}s "
+            raise _StillWriting(503, f"{what} is not committed after {self.settings.feedback_timeout_s:.0f}s "
                                      "(serve.feedback_timeout_s); send the feedback again: it is never written twice")
         if write.error is not None:
             self.c_feedback.labels("failed").inc()
