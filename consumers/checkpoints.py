@@ -132,12 +132,16 @@ class Checkpoints:
             shutil.rmtree(path, ignore_errors=True)
 
     # -- the audit ------------------------------------------------------------------------------------------
-    def record(self, step: int, version: int, eids: list[str], dropped_stale: list[str]) -> None:
+    def record(self, step: int, version: int, eids: list[str], dropped_stale: list[str],
+               staleness: list[int] | None = None) -> None:
         """Append one step's trained eids (flushed before the step's offsets are committed): trainer step
-        ``step`` (0-based, as in the metrics) produced weights ``version``."""
+        ``step`` (0-based, as in the metrics) produced weights ``version``; ``staleness[i]``: how many versions
+        older than the trained weights ``eids[i]``'s oldest token was."""
         self.root.mkdir(parents=True, exist_ok=True)
-        line = json.dumps({"step": step, "version": version, "eids": eids, "dropped_stale": dropped_stale},
-                          separators=(",", ":"))
+        entry = {"step": step, "version": version, "eids": eids, "dropped_stale": dropped_stale}
+        if staleness is not None:
+            entry["staleness"] = staleness
+        line = json.dumps(entry, separators=(",", ":"))
         with open(self.audit_path, "a") as fh:
             fh.write(line + "\n")
             fh.flush()

@@ -36,7 +36,7 @@ import uuid
 import zlib
 from collections.abc import Hashable
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine, SamplingParams, create_engine
@@ -68,6 +68,9 @@ def build_engine(config: RunConfig) -> InferenceEngine:
     settings = config.rollout
     if settings.engine == "fake":
         return create_engine("fake", latency_s=settings.fake_latency_s)
+    if settings.engine == "simulated":
+        return create_engine("simulated", step_s=settings.simulated.step_s, min_tokens=settings.simulated.min_tokens,
+                             max_num_seqs=settings.max_batch_size)
     if settings.engine == "openai":
         remote = settings.openai
         return create_engine("openai", resolve_model_path(config.model.path), base_url=remote.base_url,
@@ -75,7 +78,8 @@ def build_engine(config: RunConfig) -> InferenceEngine:
                              api_key=remote.api_key.get_secret_value() if remote.api_key else None)
     kwargs = {"dtype": config.model.dtype, "device": settings.device}
     if settings.engine == "vllm":
-        kwargs.update(settings.vllm.model_dump(), max_num_seqs=settings.max_batch_size)
+        kwargs.update(settings.vllm.model_dump(), max_num_seqs=settings.max_batch_size,
+                      in_flight_weights=settings.weight_update == "in_flight")
     else:
         kwargs["max_batch_size"] = settings.max_batch_size
     return create_engine(settings.engine, resolve_model_path(config.model.path), **kwargs)
@@ -94,7 +98,7 @@ def rollout_policy(config: RunConfig) -> RolloutPolicy:
     return RolloutPolicy(batching=settings.batching, requests_in_flight=settings.requests_in_flight,
                          requests_per_batch=settings.requests_per_batch,
                          follows_latest=Pacing.of(config).follows_latest,
-                         max_version_wait_s=config.limits.max_version_wait_s)
+                         max_version_wait_s=config.limits.max_version_wait_s, weight_update=settings.weight_update)
 
 
 class RolloutWorker:
@@ -145,6 +149,9 @@ class RolloutWorker:
                                 registry=self.runtime.registry)
         self.c_busy = Counter("streamrft_rollout_busy_seconds", "seconds the engine ran with requests in flight",
                               registry=self.runtime.registry)
+        Gauge("streamrft_rollout_swaps_in_flight", "weights versions loaded while requests ran "
+              "(rollout.weight_update: in_flight)", registry=self.runtime.registry).set_function(
+            lambda: self.core.swaps_in_flight)
         self.runtime.serve(self.settings.metrics_port)
 
     @property
@@ -284,7 +291,7 @@ class RolloutWorker:
             experiences = [
                 sample.to_experience(eid=f"{request.request_id}/{index}", group_id=request.request_id,
                                      task_id=request.task.task_id, step=request.step, kind=request.kind,
-                                     run_index=index, worker_id=self.worker_id, model_version=version)
+                                     run_index=index, worker_id=self.worker_id, default_version=version)
                 for index, sample in enumerate(samples)
             ]
             for experience in experiences:

@@ -324,12 +324,15 @@ class Trainer:
         self.c_trained.inc(len(decision.kept))
         kept = {id(e) for e in decision.kept}
         self.checkpoints.record(index, self.step, [e.eid for e in decision.kept],
-                                [e.eid for e in experiences if id(e) not in kept])
+                                [e.eid for e in experiences if id(e) not in kept],
+                                staleness=[index - e.model_version for e in decision.kept])
         metrics.update({
             "trainer/dropped_stale": float(self._dropped_stale),
             "trainer/dropped_incomplete": float(self._dropped_incomplete),
             "trainer/staleness": sum(lags) / len(lags),
             "trainer/staleness_max": float(max(lags)),
+            # experiences whose tokens span versions (rollout.weight_update: in_flight)
+            "trainer/spanning_versions": float(sum(e.newest_version != e.model_version for e in experiences)),
             "trainer/groups": float(len(groups)),
             "trainer/short_batch": float(len(groups) < self.groups_per_step),
             "trainer/buffered": float(len(self.buffer)),

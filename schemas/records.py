@@ -153,6 +153,7 @@ class Experience(Record):
     logprobs: bytes
     reward: float
     group_size: int = 0
+    last_model_version: int = -1
     action_mask: bytes | None = None
     token_rewards: bytes | None = None
     truncated: bool = False
@@ -166,6 +167,12 @@ class Experience(Record):
     @property
     def key(self) -> str:
         return self.group_id
+
+    @property
+    def newest_version(self) -> int:
+        """The weights version of its last token (the same as ``model_version`` unless newer weights took over
+        mid-response)."""
+        return self.last_model_version if self.last_model_version >= 0 else self.model_version
 
     @property
     def token_array(self) -> np.ndarray:

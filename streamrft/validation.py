@@ -79,6 +79,9 @@ def check_experience(experience: Experience, vocab_size: int | None = None, max_
     where = f"experience {e.eid!r}"
     _check_count(e.step, f"{where}: step")
     _check_count(e.model_version, f"{where}: model_version")
+    if e.last_model_version != -1 and e.last_model_version < e.model_version:
+        _fail("out-of-range", f"{where}: last_model_version {e.last_model_version} is older than its first "
+                              f"version {e.model_version}")
     _check_count(e.run_index, f"{where}: run_index")
     _check_count(e.group_size, f"{where}: group_size")
     if len(e.tokens) % 4:

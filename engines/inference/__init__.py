@@ -6,6 +6,7 @@ kind           class                                                 where
 transformers   :class:`~.hf.TransformersEngine`                      CPU (default here) or one GPU
 vllm           :class:`~.vllm.VLLMEngine`                            one CUDA GPU with vllm installed
 fake           :class:`~.fake.FakeEngine`                            no model: fixed latency, scripted tokens
+simulated      :class:`~.simulated.SimulatedEngine`                  no model: decodes in batches as vLLM does
 ============== ==================================================== ==========================================
 
 Engine modules are imported when first built, so importing this package costs nothing and needs no torch.
@@ -32,6 +33,7 @@ ENGINES: dict[str, str] = {
     "transformers": "hf:TransformersEngine",
     "vllm": "vllm:VLLMEngine",
     "fake": "fake:FakeEngine",
+    "simulated": "simulated:SimulatedEngine",
     "openai": "openai_api:OpenAIEngine",
 }
 
@@ -50,7 +52,7 @@ def create_engine(kind: str, model_path: str | os.PathLike | None = None, **kwar
     """Build the engine ``kind`` for the model directory ``model_path``; ``kwargs`` go to its constructor
     (e.g. ``device``, ``dtype``, ``max_batch_size`` for transformers; ``latency_s`` for fake)."""
     cls = engine_class(kind)
-    if model_path is None and kind != "fake":
+    if model_path is None and kind not in ("fake", "simulated"):
         raise EngineError(f"the {kind} engine needs a model path")
     return cls(model_path, **kwargs)
 

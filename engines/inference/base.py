@@ -86,10 +86,18 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: FinishReason
-    model_version: int
+    model_version: int  # the weights its first token came from (the oldest, when it spans several)
     # the stop string that ended the sample, if one did
     stop_reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    # new weights loaded while the sample was being generated (InferenceEngine.loads_in_flight): (index of the
+    # first response token of a version, that version), oldest first; empty when one version made it all
+    version_switches: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def last_version(self) -> int:
+        """The weights its last token came from."""
+        return self.version_switches[-1][1] if self.version_switches else self.model_version
 
     @property
     def truncated(self) -> bool:
@@ -158,6 +166,12 @@ class InferenceEngine(ABC):
     incremental: bool = False
     """True when :meth:`step` advances the submitted calls by a token or so (vLLM), so that new calls join the
     running batch between steps; False when one step runs every submitted call to its end (one ``generate``)."""
+
+    loads_in_flight: bool = False
+    """True when :meth:`load_weights` may run between steps while calls are unfinished: their next tokens come
+    from the new weights, and their completions say from which token (``Completion.version_switches``). An
+    engine that cannot refuses such a load (RuntimeError). A batch engine has no unfinished call between steps
+    and loads there as it is."""
 
     def submit(self, key: Hashable, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
                n: int = 1, on_tokens: TokenListener | None = None) -> None:

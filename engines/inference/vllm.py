@@ -103,27 +103,46 @@ class HFLayout:
 
 
 @dataclass(slots=True)
+class _Sample:
+    """One sample as vLLM's DELTA outputs build it up: its tokens so far, and the weights versions that made them."""
+
+    version: int
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    switches: list[tuple[int, int]] = field(default_factory=list)
+
+    def took_over(self, version: int) -> None:
+        """New weights from the next token on."""
+        if not self.ids:
+            self.version = version
+        elif version != (self.switches[-1][1] if self.switches else self.version):
+            self.switches.append((len(self.ids), version))
+
+
+@dataclass(slots=True)
 class _Call:
-    """A submitted call: its samples so far, per prompt as (sample index, completion), how many of its vLLM
-    requests are still running, and its listener with how many tokens of each sample it has heard."""
+    """A submitted call: its finished samples, per prompt as (sample index, completion), how many of its vLLM
+    requests are still running, its listener, and (when vLLM reports every step: a listener, or in-flight
+    loads) each sample's tokens so far."""
 
     key: Hashable
     samples: list[list[tuple[int, Completion]]]
+    version: int
     open: int = 0
     on_tokens: TokenListener | None = None
-    heard: dict[tuple[int, int], int] = field(default_factory=dict)
+    progress: dict[tuple[int, int], _Sample] | None = None
 
-    def tell(self, prompt: int, sample: int, output: Any) -> None:
-        """Hand the listener what sample ``sample`` of ``prompt`` gained (``output``: vLLM's cumulative
-        ``CompletionOutput``)."""
-        if self.on_tokens is None:
-            return
-        start = self.heard.get((prompt, sample), 0)
+    def grew(self, prompt: int, sample: int, output: Any) -> None:
+        """Sample ``sample`` of ``prompt`` gained ``output`` (vLLM's DELTA ``CompletionOutput``)."""
         ids = list(output.token_ids)
-        if len(ids) > start:
-            logprobs = [step[token].logprob for token, step in zip(ids[start:], output.logprobs[start:])]
-            self.heard[(prompt, sample)] = len(ids)
-            self.on_tokens(prompt, sample, ids[start:], logprobs)
+        logprobs = [step[token].logprob for token, step in zip(ids, output.logprobs)]
+        progress = self.progress.setdefault((prompt, sample), _Sample(self.version))
+        progress.ids += ids
+        progress.logprobs += logprobs
+        progress.text.append(output.text)
+        if ids and self.on_tokens is not None:
+            self.on_tokens(prompt, sample, ids, logprobs)
 
 
 class VLLMEngine(InferenceEngine):
@@ -135,6 +154,8 @@ class VLLMEngine(InferenceEngine):
     * ``gpu_memory_utilization``: the GPU memory share vLLM may take (GPU only);
     * ``kv_cache_gib``: KV-cache size; on the CPU it is the only bound (vLLM's ``VLLM_CPU_KVCACHE_SPACE``);
     * ``enforce_eager``: no CUDA graphs / compilation (faster start, slower steps);
+    * ``in_flight_weights``: weights may load while calls run (``rollout.weight_update: in_flight``), see
+      :meth:`load_weights`;
     * ``dtype``: ``auto`` is bfloat16 on a GPU and float32 on the CPU, as for the transformers engine.
     """
 
@@ -153,6 +174,7 @@ class VLLMEngine(InferenceEngine):
         enforce_eager: bool = False,
         seed: int = 0,
         version: int = 0,
+        in_flight_weights: bool = False,
     ) -> None:
         try:
             import torch
@@ -204,6 +226,7 @@ class VLLMEngine(InferenceEngine):
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self._version = version
+        self.loads_in_flight = in_flight_weights
         self._ids = itertools.count()
         self._calls_by_key: dict[Hashable, _Call] = {}
         self._owner: dict[str, tuple[_Call, int, int]] = {}  # vLLM request id -> (call, prompt, first sample)
@@ -232,15 +255,17 @@ class VLLMEngine(InferenceEngine):
     def submit(self, key: Hashable, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams],
                n: int = 1, on_tokens: TokenListener | None = None) -> None:
         """Add the call's requests to vLLM's scheduler at once: they join the running batch at the next step.
-        With a seed, one request per sample, so that sample j is seeded seed + j as in the other engines. With
-        ``on_tokens`` vLLM reports every step's output (cumulative) and the listener hears each new token."""
+        With a seed, one request per sample, so that sample j is seeded seed + j as in the other engines. vLLM
+        reports each sample once, when it is done, unless someone needs its tokens as they come (``on_tokens``,
+        or in-flight loads, which note where a version took over): then every step's new tokens (DELTA)."""
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        call = _Call(key, [[] for _ in prompts], on_tokens=on_tokens)
-        output_kind = RequestOutputKind.CUMULATIVE if on_tokens else RequestOutputKind.FINAL_ONLY
+        stepwise = on_tokens is not None or self.loads_in_flight
+        call = _Call(key, [[] for _ in prompts], self._version, on_tokens=on_tokens, progress={} if stepwise else None)
+        output_kind = RequestOutputKind.DELTA if stepwise else RequestOutputKind.FINAL_ONLY
         added: list[str] = []
         try:
             for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
@@ -250,7 +275,7 @@ class VLLMEngine(InferenceEngine):
                 for j, count in per_request:
                     request_id = f"srft-{next(self._ids)}"
                     vllm_params = self.vllm_params(sample_params, count, sample_params.sample_seed(j))
-                    vllm_params.output_kind = output_kind  # the whole sample once, unless someone listens
+                    vllm_params.output_kind = output_kind
                     self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), vllm_params)
                     added.append(request_id)
                     self._owner[request_id] = (call, i, j)
@@ -269,13 +294,15 @@ class VLLMEngine(InferenceEngine):
             if output.request_id not in self._owner:
                 continue
             call, i, j = self._owner[output.request_id]
-            for k, sample in enumerate(output.outputs):
-                call.tell(i, j + k, sample)
+            if call.progress is not None:
+                for sample in output.outputs:
+                    call.grew(i, j + sample.index, sample)
             if not output.finished:
                 continue
             del self._owner[output.request_id]
-            call.samples[i] += [(j + k, self.completion(list(output.prompt_token_ids), sample))
-                                for k, sample in enumerate(output.outputs)]
+            call.samples[i] += [(j + sample.index, self.completion(list(output.prompt_token_ids), sample,
+                                                                   self._progress_of(call, i, j + sample.index)))
+                                for sample in output.outputs]
             call.open -= 1
             if call.open == 0:
                 del self._calls_by_key[call.key]
@@ -308,15 +335,26 @@ class VLLMEngine(InferenceEngine):
             logprobs=0,  # the sampled token's logprob only
         )
 
-    def completion(self, prompt_ids: list[int], sample: Any) -> Completion:
-        """Our Completion of one vLLM ``CompletionOutput``."""
+    @staticmethod
+    def _progress_of(call: _Call, prompt: int, sample: int) -> _Sample | None:
+        if call.progress is None:
+            return None
+        return call.progress.setdefault((prompt, sample), _Sample(call.version))  # none if it made no token
+
+    def completion(self, prompt_ids: list[int], sample: Any, progress: _Sample | None = None) -> Completion:
+        """Our Completion of one vLLM ``CompletionOutput``: the whole sample (FINAL_ONLY), or its last delta with
+        what came before it in ``progress``."""
+        stop_reason = sample.stop_reason if isinstance(sample.stop_reason, str) else None
+        finish = "length" if sample.finish_reason == "length" else "stop"
+        if progress is not None:
+            return Completion(
+                prompt_ids=prompt_ids, response_ids=progress.ids, logprobs=progress.logprobs,
+                text="".join(progress.text), finish_reason=finish, model_version=progress.version,
+                stop_reason=stop_reason, version_switches=progress.switches)
         ids = list(sample.token_ids)
         logprobs = [step[token].logprob for token, step in zip(ids, sample.logprobs)]
-        stop_reason = sample.stop_reason if isinstance(sample.stop_reason, str) else None
-        return Completion(
-            prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, text=sample.text,
-            finish_reason="length" if sample.finish_reason == "length" else "stop",
-            model_version=self._version, stop_reason=stop_reason)
+        return Completion(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, text=sample.text,
+                          finish_reason=finish, model_version=self._version, stop_reason=stop_reason)
 
     # -- weights -------------------------------------------------------------------------------------------
 
@@ -324,9 +362,15 @@ class VLLMEngine(InferenceEngine):
         check_shapes(self.layout.shapes, shapes)
 
     def load_weights(self, weights: WeightsInput, version: int) -> None:
-        if self._calls_by_key:
+        """Load in place between steps. With calls running (``in_flight_weights``) they go on with the new
+        weights: vLLM preempts them and recomputes their KV cache (prompt and tokens so far) with the new weights
+        at the next step, so every later token is exactly the new version's (PipelineRL keeps the old KV instead;
+        a recompute costs one prefill per running sequence and keeps the behaviour logprobs those of one known
+        policy per token)."""
+        if self._calls_by_key and not self.loads_in_flight:
             raise RuntimeError(f"{len(self._calls_by_key)} call(s) still running: new weights would give them "
-                               "samples from two versions; load between calls")
+                               "samples from two versions; load between calls (or build the engine with "
+                               "in_flight_weights)")
         pending = list(iter_weights(weights))
         check_load(self.layout.shapes, pending)
         pending = self.layout.complete(pending)
@@ -334,9 +378,16 @@ class VLLMEngine(InferenceEngine):
         # after loading (the CPU build repacks linear weights for its GEMM kernels there)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pending),
                                                            "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        running = bool(self._calls_by_key)
+        # cached KV blocks were computed with the old weights (and so were the running requests' own)
+        self.llm.llm_engine.reset_prefix_cache(reset_running_requests=running)
+        for call in self._calls_by_key.values():
+            call.version = version  # samples with no token yet start on it
+            for progress in call.progress.values():
+                progress.took_over(version)
         self._version = version
-        logger.debug("loaded %d tensors, now version %d", len(pending), version)
+        logger.debug("loaded %d tensors, now version %d%s", len(pending), version,
+                     f" ({len(self._calls_by_key)} call(s) running on)" if running else "")
 
     def state_dict(self) -> dict[str, Any]:
         """vLLM's own parameter names (fused ``qkv_proj`` / ``gate_up_proj``), copied to CPU."""

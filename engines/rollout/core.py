@@ -6,8 +6,14 @@ what vLLM's engine is to its API server). Its four calls:
 - :meth:`RolloutCore.step` admits what can start, steps the engine once (continuous batching through a
   :class:`~streamrft.engines.workflows.WorkflowPool`), and hands back the requests that are done;
 - :meth:`RolloutCore.abort` drops requests that are no longer this worker's (a rebalance took their partition);
-- weights change only on a drained engine: a request that needs a version the engine does not serve stops
-  admission until nothing runs, then the core swaps (:class:`Weights`), so no sample mixes two versions.
+- weights change between engine steps. ``weight_update: drain``: only on a drained engine (a request that needs
+  a version the engine does not serve stops admission until nothing runs, then the core swaps, so no sample
+  mixes two versions). ``in_flight``: at once, between two engine steps, while requests run; their samples go on
+  with the new weights (each records from which token: ``Completion.version_switches``; its first version is
+  its ``model_version``, from which staleness counts), so neither a sync nor a request's version waits for the
+  slowest sample of the batch (PipelineRL's in-flight updates). An engine that cannot load while its calls
+  run (vLLM built without ``in_flight_weights``) is drained anyway. A batch engine (one step runs its calls
+  whole) has nothing running between steps: in flight, it swaps between the turns of a multi-turn request.
 
 Admission, in the order the requests were read (each check of the rollout worker's numbered steps):
 1. a training request of a step the explorer cancelled is done at once, CANCELLED (over-rollout); one past its
@@ -16,8 +22,9 @@ Admission, in the order the requests were read (each check of the rollout worker
 3. continuous batching admits up to ``requests_in_flight`` requests at once; ``batch`` admits a whole batch at a
    time, only onto an idle engine;
 4. weights: the engine must serve at least the request's ``min_model_version`` and, when the policy follows the
-   latest version (``fully_async``), the newest published one; else admission waits for the engine to drain and
-   the core swaps, waiting at most ``max_version_wait_s`` for the version; what still cannot be served FAILS
+   latest version (``fully_async``), the newest published one; else the core swaps (in flight, or once the
+   engine is drained), waiting at most ``max_version_wait_s`` for a version not published yet (in flight: only
+   once nothing runs, the running requests going on meanwhile); what still cannot be served FAILS
    ("version-wait");
 5. the request's workflow starts, ``repeat_times`` samples; one whose prompt breaks the engine fails alone
    ("workflow-error"). A running request past its deadline is stopped and done TIMEOUT (its samples dropped).
@@ -55,7 +62,8 @@ class Weights(Protocol):
         """A newer version is published and may be loaded now."""
 
     def swap_to_latest(self) -> bool:
-        """Load the newest version, if it is due; True if the engine serves new weights."""
+        """Load the newest version, if it is due; True if the engine serves new weights. Called between engine
+        steps, on a drained engine unless the policy updates in flight."""
 
     def ensure(self, minimum: int, timeout_s: float) -> bool:
         """Wait (following the signals) until the engine serves at least ``minimum``; False on timeout, on a
@@ -72,6 +80,7 @@ class RolloutPolicy:
     requests_per_batch: int = 8
     follows_latest: bool = False
     max_version_wait_s: float = 600.0
+    weight_update: Literal["drain", "in_flight"] = "drain"
 
 
 @dataclass
@@ -116,6 +125,7 @@ class RolloutCore:
         self._running: dict[Hashable, _Running] = {}
         self._done: list[Done] = []
         self.busy_s = 0.0  # seconds the engine was stepped with requests in flight
+        self.swaps_in_flight = 0  # versions loaded while requests ran
 
     # -- what the worker asks ------------------------------------------------------------------------------
     @property
@@ -142,8 +152,8 @@ class RolloutCore:
     def step(self, cancelled_step: int, timeout: float = 0.05) -> list[Done]:
         """Admit, step the engine once (waiting up to ``timeout`` for it to have work; no wait while requests
         wait for room), collect; hand back what is done, in the order it was done."""
-        if self.policy.follows_latest and not self.pool.running:
-            self.weights.swap_to_latest()  # new weights never land under a running request
+        if self.policy.follows_latest and self._may_swap():
+            self._swap_to_latest()
         self._admit(cancelled_step)
         waiting_for_room = bool(self._backlog) and self.policy.batching == "continuous"
         started, running = time.monotonic(), self.pool.running
@@ -190,8 +200,13 @@ class RolloutCore:
             elif self.policy.batching == "continuous" and self.pool.running >= self.policy.requests_in_flight:
                 return  # 3. the engine is full; this one waits for the next request to finish
             elif self._needs_swap(request):  # 4.
-                if self.pool.running:
+                if not self._may_swap():
                     return  # drain first: the weights change only while nothing runs
+                if self.pool.running:  # in flight: what is published now; waiting for more only on an idle engine
+                    self._swap_to_latest()
+                    if not self.weights.serves(request.min_model_version):
+                        return
+                    continue
                 self._swap_for(request)
                 continue
             else:  # 5.
@@ -205,6 +220,18 @@ class RolloutCore:
         except ValueError as exc:
             return str(exc)
         return None
+
+    def _may_swap(self) -> bool:
+        """Whether new weights may load now: on a drained engine, or in flight when the engine can."""
+        if not self.pool.running:
+            return True
+        return self.policy.weight_update == "in_flight" and (self.engine.loads_in_flight
+                                                             or not self.engine.unfinished)
+
+    def _swap_to_latest(self) -> None:
+        running = self.pool.running
+        if self.weights.swap_to_latest() and running:
+            self.swaps_in_flight += 1
 
     def _needs_swap(self, request: RolloutRequest) -> bool:
         if not self.weights.serves(request.min_model_version):

@@ -57,11 +57,20 @@ class WorkflowSample:
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     correct: bool = False
-    model_version: int = 0
+    # the weights its first model token came from (staleness counts from it); None: a workflow that does not
+    # say, taken as the engine's version when the request finished
+    model_version: int | None = None
+    # newer weights that took over while it was generated (rollout.weight_update: in_flight): (index of the
+    # first response token of a version, that version), oldest first
+    version_switches: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def response_length(self) -> int:
         return len(self.tokens) - self.prompt_length
+
+    @property
+    def last_model_version(self) -> int | None:
+        return self.version_switches[-1][1] if self.version_switches else self.model_version
 
     def validate(self) -> None:
         """Raise ValueError when the lengths do not line up (a buggy plugin workflow)."""
@@ -85,8 +94,13 @@ class WorkflowSample:
         kind: RolloutKind,
         run_index: int,
         worker_id: str = "",
-        model_version: int | None = None,
+        default_version: int = 0,
     ) -> Experience:
+        """The sample as an Experience; ``default_version`` is its version when the workflow did not say."""
+        first = self.model_version if self.model_version is not None else default_version
+        info = {k: str(v) for k, v in self.info.items()}
+        if self.version_switches:
+            info["version_switches"] = ",".join(f"{index}:{version}" for index, version in self.version_switches)
         return Experience(
             eid=eid,
             group_id=group_id,
@@ -94,7 +108,8 @@ class WorkflowSample:
             step=step,
             kind=kind,
             run_index=run_index,
-            model_version=self.model_version if model_version is None else model_version,
+            model_version=first,
+            last_model_version=self.last_model_version if self.version_switches else first,
             tokens=pack_i32(self.tokens),
             prompt_length=self.prompt_length,
             logprobs=pack_f32(self.logprobs),
@@ -105,7 +120,7 @@ class WorkflowSample:
             prompt_text=self.prompt_text,
             response_text=self.response_text,
             metrics={k: float(v) for k, v in self.metrics.items()},
-            info={k: str(v) for k, v in self.info.items()},
+            info=info,
             worker_id=worker_id,
         )
 
@@ -169,9 +184,21 @@ class SingleTurnWorkflow(Workflow):
                     info={"finish_reason": completion.finish_reason},
                     correct=reward.correct,
                     model_version=completion.model_version,
+                    version_switches=list(completion.version_switches),
                 )
             )
         return samples
+
+
+def add_versions(first: int | None, switches: list[tuple[int, int]], completion: Completion, offset: int) -> int:
+    """A sample made of several completions (an episode's turns): add ``completion``'s versions, its tokens
+    starting at response index ``offset``, to the sample's ``switches``; returns the sample's first version."""
+    if first is None:
+        first = completion.model_version
+    elif completion.model_version != (switches[-1][1] if switches else first):
+        switches.append((offset, completion.model_version))
+    switches.extend((offset + index, version) for index, version in completion.version_switches)
+    return first
 
 
 def parse_payload(task: Task) -> dict[str, Any]:

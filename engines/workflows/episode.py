@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from ..inference.base import Completion, Message
-from .base import Workflow, WorkflowSample, chat_suffix_ids
+from .base import Workflow, WorkflowSample, add_versions, chat_suffix_ids
 from .rewards import Reward
 
 Finish = Literal["done", "max_turns", "max_tokens", "max_model_len"]
@@ -97,13 +97,16 @@ class _Episode:
     finish: Finish | None = None
     last_text: str = ""
     transcript: list[str] = field(default_factory=list)
-    model_version: int = 0
+    model_version: int | None = None  # of its first model token
+    version_switches: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
     def add_model_turn(self, completion: Completion) -> None:
+        self.model_version = add_versions(self.model_version, self.version_switches, completion,
+                                          len(self.response_ids))
         self.response_ids += completion.response_ids
         self.logprobs += completion.logprobs
         self.mask += [1] * len(completion.response_ids)
@@ -112,7 +115,6 @@ class _Episode:
         self.turns_cut += completion.truncated
         self.last_text = completion.text
         self.transcript.append(f"assistant: {completion.text}")
-        self.model_version = completion.model_version
 
     def reward_turn(self, reward: float) -> None:
         """The reward of the model turn just added, on its last token."""
@@ -221,6 +223,7 @@ class EpisodeWorkflow(Workflow):
             info={"finish": episode.finish or "", **episode.env.info()},
             correct=reward.correct,
             model_version=episode.model_version,
+            version_switches=episode.version_switches,
         )
 
 

@@ -137,8 +137,17 @@ class VLLMConfig(Section):
     seed: int = 0
 
 
+class SimulatedEngineConfig(Section):
+    """``rollout.simulated``: the model-free engine that decodes in batches as vLLM does (the scale benchmark's
+    stand-in for a GPU; ``rollout.max_batch_size`` is its batch, ``sampling.max_tokens`` the longest sample)."""
+
+    step_s: float = Field(default=0.05, ge=0, description="wall time of one decode step of the batch")
+    min_tokens: int = Field(default=4, ge=1, description="the shortest sample (lengths are uniform up to "
+                                                         "max_tokens)")
+
+
 class RolloutConfig(Section):
-    engine: Literal["transformers", "vllm", "fake", "openai"] = "transformers"
+    engine: Literal["transformers", "vllm", "fake", "simulated", "openai"] = "transformers"
     device: str = "auto"
     max_batch_size: int = Field(default=64, ge=1, description="sequences generated together (vLLM: max_num_seqs)")
     vllm: VLLMConfig = VLLMConfig()
@@ -151,6 +160,12 @@ class RolloutConfig(Section):
                                     description="batch: requests taken together and committed together")
     sampling: SamplingConfig = SamplingConfig()
     fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
+    simulated: SimulatedEngineConfig = SimulatedEngineConfig()
+    weight_update: Literal["drain", "in_flight"] = Field(
+        default="drain", description="drain: new weights wait until the running requests are done (no sample "
+                                     "spans two versions); in_flight: they load between engine steps and the "
+                                     "running samples go on with them (each experience records the versions "
+                                     "it spans; staleness counts from the oldest)")
     task_timeout_s: float | None = Field(default=None, gt=0,
                                          description="a request not done this long after the explorer published "
                                                      "it is stopped and reported TIMEOUT (its samples dropped)")

@@ -747,3 +747,49 @@ def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(ru
     staleness = [m.value for m in metrics if m.role == "trainer" and m.name == "trainer/staleness"]
     assert len(staleness) == steps and max(staleness) <= 2
     clients.close()
+
+
+def test_in_flight_weight_updates_make_experiences_that_span_versions_and_the_trainer_trains_each_once(
+        run_config, tiny_model_dir, tmp_path):
+    """``rollout.weight_update: in_flight`` through the loop (the simulated engine: one token per step for its
+    batch, and every token's logprob that of its version): the trainer's weights land under running samples, so
+    some experiences span two versions; each records its first and last version and where the newer one took
+    over, its logprobs are those of the version of each token, staleness counts from the oldest, and the
+    trainer trains every experience once with decoupled PPO (behaviour logprobs reweight, the clip is against
+    the trainer's own weights)."""
+    from streamrft.engines.inference.simulated import logprob_of
+
+    steps = 4
+    settings = _settings(tiny_model_dir, tmp_path / "ckpt",
+                         explorer={"batch_size": 2, "repeat_times": 4, "max_steps": steps, "max_inflight_steps": 3},
+                         sync={"style": "fully_async", "max_staleness": 2},
+                         trainer={"total_steps": steps, "save_interval": 100,
+                                  "algorithm": {"policy_loss": "decoupled_ppo", "recompute_old_logprobs": True}})
+    # one step's 8 samples decode together; the next step's wait for room, so they run when v1 lands
+    settings["rollout"].update(engine="simulated", simulated={"step_s": 0.04, "min_tokens": 30},
+                               max_batch_size=8, weight_update="in_flight", sampling={"max_tokens": 60})
+    config = run_config(**settings)
+    clients = _clients(config)
+    _run_the_loop(config, clients, tasks=steps * 2, seed=5)
+
+    experiences = read_all(config, clients.bootstrap, "experiences", clients.serde, Experience, idle=1)
+    spanning = [e for e in experiences if e.newest_version != e.model_version]
+    assert spanning, "no experience spans two versions: the test did not exercise in-flight updates"
+    for e in experiences:
+        switches = [tuple(map(int, s.split(":"))) for s in e.info.get("version_switches", "").split(",") if s]
+        versions, current = [], e.model_version
+        for index in range(e.response_length):
+            current = next((v for i, v in switches if i == index), current)
+            versions.append(current)
+        assert versions[-1] == e.newest_version
+        assert list(e.logprob_array) == pytest.approx([logprob_of(v) for v in versions])
+    audit = Checkpoints(tmp_path / "ckpt", 1).audit()
+    trained = [eid for entry in audit for eid in entry["eids"]]
+    assert sorted(trained) == sorted(e.eid for e in experiences)  # each once, the spanning ones too
+    first_version = {e.eid: e.model_version for e in experiences}
+    for entry in audit:  # staleness counted from each experience's oldest token, within the bound
+        assert entry["staleness"] == [entry["step"] - first_version[eid] for eid in entry["eids"]]
+        assert max(entry["staleness"]) <= 2
+    metrics = read_all(config, clients.bootstrap, "metrics", clients.serde, Metric, idle=1)
+    assert sum(m.value for m in metrics if m.name == "trainer/spanning_versions") == len(spanning)
+    clients.close()

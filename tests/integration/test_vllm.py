@@ -2,6 +2,8 @@
 model, held to the contracts of ``engines/inference/base.py`` against the training side's numbers."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -281,3 +283,40 @@ def test_many_seeded_requests_at_once_do_not_break_the_cpu_build(engine):
     while engine.unfinished:
         done.update(engine.step())
     assert len(done) == calls and not [r for r in done.values() if isinstance(r, BaseException)]
+
+
+def test_weights_loaded_in_flight_take_over_a_running_sample_from_the_next_token(engine, tiny_model_dir,
+                                                                                 other_weights, monkeypatch):
+    """``rollout.weight_update: in_flight``: new weights load between two steps while a sample runs. vLLM
+    recomputes the running sequence's KV with them, so the tokens before the swap are exactly the old weights'
+    (teacher-forced) and the tokens after it exactly the new weights', and the completion says where the
+    version changed."""
+    from transformers import AutoModelForCausalLM
+
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict())
+    path, newer = other_weights
+    engine.load_weights(base, 3)
+    params = next(p for p in (SamplingParams(temperature=1.0, max_tokens=40, seed=s, stop=()) for s in range(40))
+                  if len(engine.generate([PROMPTS[0]], p)[0][0].response_ids) >= 30)  # long enough to swap inside
+    monkeypatch.setattr(engine, "loads_in_flight", True)
+    engine.submit("running", [PROMPTS[0]], params)
+    engine.submit("waiting", [PROMPTS[1]], params.replace(seed=None, max_tokens=8), n=2)
+    done = {}
+    for _ in range(10):
+        done.update(engine.step())
+    assert "running" not in done
+    engine.load_weights(newer, 4)  # in flight
+    while engine.unfinished:
+        done.update(engine.step())
+    sample = done["running"][0][0]
+    assert sample.model_version == 3 and sample.last_version == 4
+    (switch, version), = sample.version_switches
+    assert version == 4 and 5 <= switch < len(sample.response_ids)
+    before = dataclasses.replace(sample, response_ids=sample.response_ids[:switch], logprobs=sample.logprobs[:switch])
+    after_ids = sample.response_ids[switch:]
+    assert teacher_forced(tiny_model_dir, [before], 1.0) < LOGPROB_TOLERANCE
+    after = dataclasses.replace(sample, prompt_ids=sample.prompt_ids + sample.response_ids[:switch],
+                                response_ids=after_ids, logprobs=sample.logprobs[switch:])
+    assert teacher_forced(path, [after], 1.0) < LOGPROB_TOLERANCE
+    assert teacher_forced(tiny_model_dir, [after], 1.0) > 0.01  # and not the old weights' any more
+    engine.load_weights(base, 5)  # the module's other tests expect the tiny model's weights

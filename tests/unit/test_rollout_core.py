@@ -177,3 +177,91 @@ def test_abort_forgets_waiting_and_running_requests():
     assert core.running == 1
     core.abort([key for key in core.keys() if key[0] == "p0"])
     assert [d.key for d in drain(core)] == [("p1", 3)]
+
+
+# -- rollout.weight_update: in_flight ----------------------------------------------------------------------------
+def simulated_core(policy: RolloutPolicy):
+    """The core on the simulated engine: a batch decoding one token per step, samples of 4 to 24 tokens."""
+    engine = create_engine("simulated", step_s=0.002, min_tokens=4, max_num_seqs=64)
+    weights = ScriptedWeights(engine)
+    core = RolloutCore(engine, weights, policy)
+    weights.running = lambda: core.running
+    return core, weights, engine
+
+
+LONG = SamplingParams(max_tokens=24, temperature=1.0)
+
+
+def run_until_published(core, weights, version: int, after_steps: int) -> list:
+    done = []
+    for _ in range(after_steps):
+        done += core.step(-1)
+    weights.publish(version)
+    return done + drain(core)
+
+
+def test_in_flight_new_weights_take_over_running_samples_at_the_next_step_and_admission_never_waits():
+    from streamrft.engines.inference.simulated import logprob_of
+
+    core, weights, _ = simulated_core(RolloutPolicy(follows_latest=True, weight_update="in_flight"))
+    for i in range(4):
+        core.add(f"r{i}", request(f"r{i}", repeat=4), LONG)
+    done = []
+    for _ in range(3):
+        done += core.step(-1)
+    weights.publish(1)
+    core.add("late", request("late", repeat=2), LONG)  # comes while the batch runs
+    done += core.step(-1)
+    assert weights.loads == [(1, 4)] and core.swaps_in_flight == 1  # loaded with 4 requests running
+    assert core.running == 5  # ... and the late request went straight in
+    done += drain(core)
+    samples = [s for d in done if d.request.request_id != "late" for s in d.samples]
+    assert samples and all(s.model_version == 0 and s.last_model_version == 1 for s in samples)
+    for s in samples:  # some tokens on v0 (those the steps before the swap decoded), the rest on v1
+        (switch, version), = s.version_switches
+        assert version == 1 and 1 <= switch < len(s.logprobs)
+        assert s.logprobs == [logprob_of(0)] * switch + [logprob_of(1)] * (len(s.logprobs) - switch)
+    late = next(d for d in done if d.request.request_id == "late")
+    assert all(s.model_version == 1 and not s.version_switches for s in late.samples)
+
+
+def test_drain_keeps_every_sample_on_one_version_and_admission_waits_for_the_swap():
+    core, weights, _ = simulated_core(RolloutPolicy(follows_latest=True, weight_update="drain"))
+    for i in range(4):
+        core.add(f"r{i}", request(f"r{i}", repeat=4), LONG)
+    done = run_until_published(core, weights, 1, after_steps=3)
+    core.add("late", request("late", repeat=2), LONG)
+    done += drain(core)
+    assert weights.loads == [(1, 0)] and core.swaps_in_flight == 0
+    versions = {d.request.request_id: {(s.model_version, s.last_model_version) for s in d.samples} for d in done}
+    assert versions == {**{f"r{i}": {(0, 0)} for i in range(4)}, "late": {(1, 1)}}
+
+
+def test_in_flight_on_an_engine_that_cannot_load_under_running_calls_drains_first():
+    core, weights, engine = core_with(RolloutPolicy(follows_latest=True, weight_update="in_flight"), latency_s=0.05)
+    assert not engine.loads_in_flight and engine.incremental
+    weights.running = lambda: engine.unfinished  # what the load is recorded with: calls in the engine
+    core.add("a", request("a", repeat=2), PARAMS)
+    while not engine.unfinished:  # until its call is in the engine
+        core.step(-1)
+    weights.publish(1)
+    done = drain(core)
+    assert weights.loads == [(1, 0)]  # not while the call ran
+    assert {(s.model_version, s.last_model_version) for s in done[0].samples} == {(0, 0)}
+
+
+def test_in_flight_a_request_for_weights_not_published_yet_waits_while_the_running_ones_go_on():
+    core, weights, engine = simulated_core(RolloutPolicy(weight_update="in_flight", max_version_wait_s=5))
+    core.add("now", request("now", repeat=2), LONG)
+    core.add("next", request("next", repeat=2, min_version=1), LONG)
+    done = []
+    while engine.steps < 2:  # "now" is being decoded
+        done += core.step(-1)
+    assert core.running == 1 and core.waiting == 1 and weights.ensure_calls == []  # no blocking wait meanwhile
+    weights.publish(1)
+    done += core.step(-1)
+    assert core.running == 2 and weights.loads == [(1, 1)]  # loaded in flight, "next" admitted at once
+    done += drain(core)
+    by_id = {d.request.request_id: d for d in done}
+    assert {(s.model_version, s.last_model_version) for s in by_id["now"].samples} == {(0, 1)}
+    assert {(s.model_version, s.last_model_version) for s in by_id["next"].samples} == {(1, 1)}
