@@ -167,26 +167,94 @@ class _BodyLimit:
         await response(scope, receive, send)
 
 
-def create_app(role: ServeRole) -> FastAPI:
-    app = FastAPI(title="streamrft serve", version="1")
-    app.add_middleware(_BodyLimit, max_bytes=role.settings.max_body_bytes)
-    key = role.settings.api_key.get_secret_value() if role.settings.api_key else None
-    decode = role.engine.decode
+class _Chat:
+    """What a chat completion looks like (``/v1/chat/completions``)."""
 
-    @app.exception_handler(HTTPException)
-    async def openai_errors(_request, exc: HTTPException):  # OpenAI's error shape, which its client reads
-        body = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
-        return JSONResponse(status_code=exc.status_code, content={"error": body, "detail": body},
-                            headers=exc.headers)
+    endpoint, object, chunk_object = "chat", "chat.completion", "chat.completion.chunk"
 
-    def authorized(authorization: str | None = Header(default=None)) -> None:
-        if key is None:
-            return
-        scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), key.encode()):
-            raise _error(401, "a valid API key is needed (Authorization: Bearer ...)", code="invalid_api_key")
+    def __init__(self, request: ChatRequest) -> None:
+        self.request = request
+        self._started: set[int] = set()  # choices whose first chunk (with the role) went out
 
-    def check(request: _Request, prompt_ids: list[int]) -> None:
+    def logprobs(self, texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
+        if not self.request.logprobs:
+            return None
+        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                            for t, lp in zip(texts, logprobs)]}
+
+    def choice(self, index: int, completion: Completion, texts: list[str]) -> dict[str, Any]:
+        return {"index": index, "message": {"role": "assistant", "content": completion.text},
+                "logprobs": self.logprobs(texts, completion.logprobs), "finish_reason": _finish(completion)}
+
+    def chunk_choice(self, index: int, text: str, texts: list[str], logprobs: list[float],
+                     finish: str | None) -> dict[str, Any] | None:
+        if not text and finish is None and index in self._started and not self.request.logprobs:
+            return None  # its text is held back (a partial character, a possible stop string)
+        delta: dict[str, Any] = {"content": text} if text or finish is None else {}
+        if index not in self._started:
+            self._started.add(index)
+            delta = {"role": "assistant", **delta, "content": text}
+        return {"index": index, "delta": delta, "finish_reason": finish,
+                "logprobs": self.logprobs(texts, logprobs) if texts else None}
+
+
+class _Text:
+    """What a text completion looks like (``/v1/completions``)."""
+
+    endpoint, object, chunk_object = "completions", "text_completion", "text_completion"
+
+    def __init__(self, request: CompletionRequest) -> None:
+        self.request = request
+
+    def logprobs(self, texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
+        if self.request.logprobs is None:
+            return None
+        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+        return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
+
+    def choice(self, index: int, completion: Completion, texts: list[str]) -> dict[str, Any]:
+        return {"index": index, "text": completion.text, "logprobs": self.logprobs(texts, completion.logprobs),
+                "finish_reason": _finish(completion)}
+
+    def chunk_choice(self, index: int, text: str, texts: list[str], logprobs: list[float],
+                     finish: str | None) -> dict[str, Any] | None:
+        if not text and finish is None and self.request.logprobs is None:
+            return None
+        return {"index": index, "text": text, "finish_reason": finish,
+                "logprobs": self.logprobs(texts, logprobs) if texts else None}
+
+
+Dialect = _Chat | _Text
+
+
+class _Completions:
+    """One request's way through the role: checked, submitted to the serving loop, answered whole or streamed
+    (see the module docstring), in the request's dialect."""
+
+    def __init__(self, role: ServeRole) -> None:
+        self.role = role
+        self.decode = role.engine.decode
+
+    async def respond(self, request: _Request, prompt_ids: list[int], max_tokens: int | None, dialect: Dialect):
+        self._check(request, prompt_ids)
+        events, job, head = self._submit(dialect.endpoint, request, prompt_ids, max_tokens)
+        usage = lambda done: _usage(len(prompt_ids), done)  # noqa: E731
+        if not request.stream:
+            done = await self._completions_of(events, job)
+            return {**head, "system_fingerprint": f"v{done[0].model_version}", "object": dialect.object,
+                    "choices": [dialect.choice(i, c, self._pieces(c)) for i, c in enumerate(done)],
+                    "usage": usage(done)}
+
+        def chunk(choices: list[dict], **extra) -> dict[str, Any]:
+            return {**head, "system_fingerprint": f"v{job.version}", "object": dialect.chunk_object,
+                    "choices": choices, **extra}
+
+        chunks = self._streamed(events, request.n, request.stops(), dialect, chunk,
+                                (lambda done: chunk([], usage=usage(done))) if request.include_usage else None)
+        return self._sse(chunks, job)
+
+    def _check(self, request: _Request, prompt_ids: list[int]) -> None:
+        role = self.role
         if request.model and request.model != role.model_name:
             raise _error(404, f"model {request.model!r} is not served here; this server serves {role.model_name!r}",
                          code="model_not_found")
@@ -199,16 +267,17 @@ def create_app(role: ServeRole) -> FastAPI:
             raise _error(400, f"a prompt of {len(prompt_ids)} tokens; at most {role.max_prompt_tokens} "
                               "(serve.max_prompt_tokens)", code="context_length_exceeded")
 
-    def pieces(completion: Completion) -> list[str]:
+    def _pieces(self, completion: Completion) -> list[str]:
         """The text of each response token, so that they add up to the decoded response."""
         out, before = [], ""
         for i in range(1, len(completion.response_ids) + 1):
-            text = decode(completion.response_ids[:i])
+            text = self.decode(completion.response_ids[:i])
             out.append(text[len(before):])
             before = text
         return out
 
-    def submit(endpoint: str, request: _Request, prompt_ids: list[int], max_tokens: int | None):
+    def _submit(self, endpoint: str, request: _Request, prompt_ids: list[int], max_tokens: int | None):
+        role = self.role
         params = role.params(temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens,
                              seed=request.seed, stop=request.stops())
         events = _Events()
@@ -222,16 +291,16 @@ def create_app(role: ServeRole) -> FastAPI:
         head = {"id": response_id, "created": int(time.time()), "model": role.model_name}
         return events, job, head
 
-    async def completions_of(events: _Events, job) -> list[Completion]:
+    async def _completions_of(self, events: _Events, job) -> list[Completion]:
         try:
             return await events.result()
         except JobStopped as exc:
             raise _error(504, str(exc), kind="timeout")
         except asyncio.CancelledError:
-            role.cancel(job)
+            self.role.cancel(job)
             raise
 
-    def sse(chunks: AsyncIterator[dict[str, Any]], job) -> StreamingResponse:
+    def _sse(self, chunks: AsyncIterator[dict[str, Any]], job) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
             finished = False
             try:
@@ -241,21 +310,22 @@ def create_app(role: ServeRole) -> FastAPI:
                 yield "data: [DONE]\n\n"
             finally:
                 if not finished:  # the client went away (or the stream broke): the request leaves the engine
-                    role.cancel(job)
+                    self.role.cancel(job)
         return StreamingResponse(body(), media_type="text/event-stream")
 
-    async def streamed(events: _Events, job, n: int, stops: list[str], chunk_of, usage_chunk) -> AsyncIterator:
-        """Chunks of a streamed request: ``chunk_of(choice, text, ids, logprobs, finish)`` for each choice's
-        new text (None: nothing worth a chunk yet), then each choice's rest and finish, then (asked for)
-        ``usage_chunk(completions)``."""
-        texts = [TextDeltas(decode, stops) for _ in range(n)]
+    async def _streamed(self, events: _Events, n: int, stops: list[str], dialect: Dialect, chunk,
+                        usage_chunk) -> AsyncIterator[dict[str, Any]]:
+        """Chunks of a streamed request: each choice's new text as it comes (none while nothing is worth a
+        chunk), then each choice's rest and finish, then (asked for) ``usage_chunk(completions)``."""
+        texts = [TextDeltas(self.decode, stops) for _ in range(n)]
         while True:
             kind, *rest = await events.queue.get()
             if kind == "tokens":
-                choice, ids, logprobs = rest
-                chunk = chunk_of(choice, texts[choice].add(ids), ids, logprobs, None)
-                if chunk is not None:
-                    yield chunk
+                index, ids, logprobs = rest
+                choice = dialect.chunk_choice(index, texts[index].add(ids), [self.decode([i]) for i in ids],
+                                              logprobs, None)
+                if choice is not None:
+                    yield chunk([choice])
                 continue
             completions, error = rest
             if error is not None:
@@ -263,10 +333,30 @@ def create_app(role: ServeRole) -> FastAPI:
                 yield {"error": {"message": str(error), "type": kind}}
                 return
             for i, completion in enumerate(completions):
-                yield chunk_of(i, texts[i].finish(completion.text), [], [], _finish(completion))
+                yield chunk([dialect.chunk_choice(i, texts[i].finish(completion.text), [], [], _finish(completion))])
             if usage_chunk is not None:
                 yield usage_chunk(completions)
             return
+
+
+def create_app(role: ServeRole) -> FastAPI:
+    app = FastAPI(title="streamrft serve", version="1")
+    app.add_middleware(_BodyLimit, max_bytes=role.settings.max_body_bytes)
+    key = role.settings.api_key.get_secret_value() if role.settings.api_key else None
+    completions = _Completions(role)
+
+    @app.exception_handler(HTTPException)
+    async def openai_errors(_request, exc: HTTPException):  # OpenAI's error shape, which its client reads
+        body = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
+        return JSONResponse(status_code=exc.status_code, content={"error": body, "detail": body},
+                            headers=exc.headers)
+
+    def authorized(authorization: str | None = Header(default=None)) -> None:
+        if key is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(given.encode(), key.encode()):
+            raise _error(401, "a valid API key is needed (Authorization: Bearer ...)", code="invalid_api_key")
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -284,79 +374,14 @@ def create_app(role: ServeRole) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: ChatRequest):
-        messages = [{"role": m.role, "content": m.content} for m in request.messages]
-        prompt_ids = role.engine.prompt_ids(messages)
-        check(request, prompt_ids)
-        events, job, head = submit("chat", request, prompt_ids, request.max_completion_tokens or request.max_tokens)
-
-        def logprobs_of(texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
-            if not request.logprobs:
-                return None
-            return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                                for t, lp in zip(texts, logprobs)]}
-
-        if not request.stream:
-            done = await completions_of(events, job)
-            choices = [{"index": i, "message": {"role": "assistant", "content": c.text},
-                        "logprobs": logprobs_of(pieces(c), c.logprobs), "finish_reason": _finish(c)}
-                       for i, c in enumerate(done)]
-            return {**head, "system_fingerprint": f"v{done[0].model_version}", "object": "chat.completion",
-                    "choices": choices, "usage": _usage(len(prompt_ids), done)}
-
-        started: set[int] = set()
-
-        def chunk_of(choice: int, text: str, ids: list[int], logprobs: list[float],
-                     finish: str | None) -> dict | None:
-            if not text and finish is None and choice in started and not request.logprobs:
-                return None  # its text is held back (a partial character, a possible stop string)
-            delta: dict[str, Any] = {"content": text} if text or finish is None else {}
-            if choice not in started:
-                started.add(choice)
-                delta = {"role": "assistant", **delta, "content": text}
-            return {**head, "system_fingerprint": f"v{job.version}", "object": "chat.completion.chunk",
-                    "choices": [{"index": choice, "delta": delta, "finish_reason": finish,
-                                 "logprobs": logprobs_of([decode([i]) for i in ids], logprobs) if ids else None}]}
-
-        def usage_chunk(done: list[Completion]) -> dict:
-            return {**head, "system_fingerprint": f"v{job.version}", "object": "chat.completion.chunk",
-                    "choices": [], "usage": _usage(len(prompt_ids), done)}
-
-        return sse(streamed(events, job, request.n, request.stops(), chunk_of,
-                            usage_chunk if request.include_usage else None), job)
+        prompt_ids = role.engine.prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
+        return await completions.respond(request, prompt_ids, request.max_completion_tokens or request.max_tokens,
+                                         _Chat(request))
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
-    async def completions(request: CompletionRequest):
+    async def text(request: CompletionRequest):
         prompt_ids = list(request.prompt) if isinstance(request.prompt, list) else role.engine.encode(request.prompt)
-        check(request, prompt_ids)
-        events, job, head = submit("completions", request, prompt_ids, request.max_tokens)
-
-        def logprobs_of(texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
-            if request.logprobs is None:
-                return None
-            offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
-            return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
-
-        if not request.stream:
-            done = await completions_of(events, job)
-            choices = [{"index": i, "text": c.text, "logprobs": logprobs_of(pieces(c), c.logprobs),
-                        "finish_reason": _finish(c)} for i, c in enumerate(done)]
-            return {**head, "system_fingerprint": f"v{done[0].model_version}", "object": "text_completion",
-                    "choices": choices, "usage": _usage(len(prompt_ids), done)}
-
-        def chunk_of(choice: int, text: str, ids: list[int], logprobs: list[float],
-                     finish: str | None) -> dict | None:
-            if not text and finish is None and request.logprobs is None:
-                return None
-            return {**head, "system_fingerprint": f"v{job.version}", "object": "text_completion",
-                    "choices": [{"index": choice, "text": text, "finish_reason": finish,
-                                 "logprobs": logprobs_of([decode([i]) for i in ids], logprobs) if ids else None}]}
-
-        def usage_chunk(done: list[Completion]) -> dict:
-            return {**head, "system_fingerprint": f"v{job.version}", "object": "text_completion", "choices": [],
-                    "usage": _usage(len(prompt_ids), done)}
-
-        return sse(streamed(events, job, request.n, request.stops(), chunk_of,
-                            usage_chunk if request.include_usage else None), job)
+        return await completions.respond(request, prompt_ids, request.max_tokens, _Text(request))
 
     @app.post("/feedback", dependencies=[Depends(authorized)])
     def feedback(body: Feedback):
