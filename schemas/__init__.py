@@ -16,6 +16,7 @@ from .records import (
     Experience,
     FeedbackReceipt,
     Metric,
+    Objective,
     Record,
     RolloutKind,
     RolloutRequest,

@@ -36,6 +36,14 @@ class RolloutKind(StrEnum):
     EVAL = "EVAL"
 
 
+class Objective(StrEnum):
+    """What the trainer learns from an experience (``schemas/Objective.avsc``)."""
+
+    RL = "RL"
+    SFT = "SFT"
+    DPO = "DPO"
+
+
 class RolloutStatus(StrEnum):
     OK = "OK"
     FAILED = "FAILED"
@@ -139,7 +147,7 @@ class RolloutRequest(Record):
 @dataclass(slots=True)
 class Experience(Record):
     schema_name: ClassVar[str] = "Experience"
-    _converters: ClassVar[dict[str, Any]] = {"kind": RolloutKind, "created_at": _millis}
+    _converters: ClassVar[dict[str, Any]] = {"kind": RolloutKind, "objective": Objective, "created_at": _millis}
 
     eid: str
     group_id: str
@@ -162,6 +170,8 @@ class Experience(Record):
     metrics: dict[str, float] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     worker_id: str = ""
+    objective: Objective = Objective.RL
+    teacher_logprobs: bytes | None = None
     created_at: int = field(default_factory=now_ms)
 
     @property

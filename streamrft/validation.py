@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, RolloutRequest, RolloutResult, SyncKind,
-                               SyncMethod, SyncSignal, Task)
+from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, RolloutRequest, RolloutResult,
+                               SyncKind, SyncMethod, SyncSignal, Task, unpack_f32)
 
 MAX_ID_CHARS = 512  # task_id, request_id, group_id, eid: they are keys and appear in the explorer's state
 MAX_VERSION = 2**31 - 1  # weights versions and steps; anything above is a forged or corrupted record
@@ -94,7 +94,7 @@ def check_experience(experience: Experience, vocab_size: int | None = None, max_
                                     "prompt or no response")
     response = n_tokens - e.prompt_length
     for name, data, width in (("logprobs", e.logprobs, 4), ("action_mask", e.action_mask, 1),
-                              ("token_rewards", e.token_rewards, 4)):
+                              ("token_rewards", e.token_rewards, 4), ("teacher_logprobs", e.teacher_logprobs, 4)):
         if data is not None and len(data) != response * width:
             _fail("experience-lengths", f"{where}: {name} has {len(data)} bytes for {response} response tokens "
                                         f"({response * width} expected)")
@@ -109,6 +109,10 @@ def check_experience(experience: Experience, vocab_size: int | None = None, max_
         _fail("bad-logprobs", f"{where}: logprobs must be finite and <= 0")
     if e.token_rewards is not None and not np.all(np.isfinite(e.token_reward_array)):
         _fail("non-finite", f"{where}: token_rewards are not all finite")
+    if e.teacher_logprobs is not None:
+        teacher = unpack_f32(e.teacher_logprobs)
+        if not np.all(np.isfinite(teacher)) or np.any(teacher > 1e-3):
+            _fail("bad-logprobs", f"{where}: teacher_logprobs must be finite and <= 0")
 
 
 # -- results and metrics ----------------------------------------------------------------------------------------
