@@ -319,7 +319,7 @@ class RolloutWorker:
             reward_min=min(rewards), reward_max=max(rewards),
             accuracy=statistics.fmean([float(s.correct) for s in samples]) if samples else 0.0,
             response_length_mean=statistics.fmean([s.response_length for s in samples]) if samples else 0.0,
-            error=error[-8000:] if error else None, worker_id=self.worker_id)
+            error=error[-8000:] if error else None, worker_id=self.worker_id, taskset=request.task.taskset)
 
     # 4. commit --------------------------------------------------------------------------------------------
     def _stage(self, unit: UnitOfWork) -> None:

@@ -87,12 +87,14 @@ class RoleRuntime:
         self._closers.append((what, close))
 
     # -- clients ------------------------------------------------------------------------------------------------
-    def consumer(self, topic: str, group: str, *, check_options: dict | None = None, **kwargs) -> RecordConsumer:
+    def consumer(self, topic: str, group: str, *, check_options: dict | None = None,
+                 topics: list[str] | None = None, **kwargs) -> RecordConsumer:
         """A consumer of one of the run's topics (``tasks``, ...): of the topic kind's record type, each record
         checked by the kind's check (``streamrft.validation.TOPIC_CHECKS``, given ``check_options``); its dead
-        letters are counted in ``streamrft_dead_letters{topic, reason}``."""
+        letters are counted in ``streamrft_dead_letters{topic, reason}``. ``topics``: several topics of that kind
+        (full names: the tasksets' own ``tasks.<name>``) instead of the kind's one."""
         check = partial(TOPIC_CHECKS[topic], **(check_options or {}))
-        consumer = self.clients.consumer([self.config.topic(topic)], KINDS_BY_NAME[topic].record, group,
+        consumer = self.clients.consumer(topics or [self.config.topic(topic)], KINDS_BY_NAME[topic].record, group,
                                          check=check, on_dead_letter=self._count_dead_letter, **kwargs)
         return self._closing(f"{topic} consumer", consumer)
 

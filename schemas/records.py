@@ -232,6 +232,7 @@ class RolloutResult(Record):
     accuracy: float = 0.0
     response_length_mean: float = 0.0
     error: str | None = None
+    taskset: str = ""
     worker_id: str = ""
     created_at: int = field(default_factory=now_ms)
 

@@ -7,7 +7,8 @@ operations its code performs, nothing on another run's resources:
 =============  ===========================================================================================
 role           allowed
 =============  ===========================================================================================
-``tasks``      WRITE ``tasks`` (task producers: files, datasets, an agent application)
+``tasks``      WRITE ``tasks`` and the tasksets' own topics ``tasks.<name>`` (task producers: files, datasets, an
+               agent application)
 ``explorer``   READ ``tasks`` and ``results`` (group ``<run>.explorer``); WRITE ``rollouts`` and ``control``
                (its state, cancelled steps); DESCRIBE ``experiences`` and group ``<run>.trainer`` (the trainer's
                lag); transactional id ``<run>.explorer``
@@ -89,15 +90,15 @@ def role_acls(config: RunConfig, role: str) -> list[Acl]:
     grants: list[tuple[ResourceType, PatternType, str, Operation]] = []
 
     def read(*names: str) -> None:
-        grants.extend(("topic", "literal", topic(n), "read") for n in names)
+        grants.extend(("topic", "literal", t, "read") for n in names for t in config.topics_of(n))
 
     def write(*names: str) -> None:
-        grants.extend(("topic", "literal", topic(n), "write") for n in names)
+        grants.extend(("topic", "literal", t, "write") for n in names for t in config.topics_of(n))
 
     def dead_letters(*names: str) -> None:
-        for n in names:
-            grants.extend([("topic", "literal", config.dlq_topic(topic(n)), "write"),
-                           ("topic", "literal", config.dlq_topic(topic(n)), "read")])
+        for t in (t for n in names for t in config.topics_of(n)):
+            grants.extend([("topic", "literal", config.dlq_topic(t), "write"),
+                           ("topic", "literal", config.dlq_topic(t), "read")])
 
     def group(name: str, operation: Operation = "read", pattern: PatternType = "literal") -> None:
         grants.append(("group", pattern, name, operation))

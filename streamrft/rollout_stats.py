@@ -50,6 +50,22 @@ def step_metrics(results: list[RolloutResult], step: int, version: int, expected
     return out
 
 
+def taskset_metrics(results: list[RolloutResult], tasksets: list[str]) -> dict[str, float]:
+    """Per training taskset (``explorer.tasksets``), of one step: ``rollout/taskset/<name>/tasks`` (its share of
+    the step), ``samples``, ``reward_mean`` and ``accuracy`` over its OK samples."""
+    out: dict[str, float] = {}
+    for name in tasksets:
+        mine = [r for r in results if r.taskset == name]
+        ok = [r for r in mine if r.status == RolloutStatus.OK and r.n > 0]
+        samples = sum(r.n for r in ok)
+        out[f"rollout/taskset/{name}/tasks"] = float(len(mine))
+        out[f"rollout/taskset/{name}/samples"] = float(samples)
+        if samples:
+            out[f"rollout/taskset/{name}/reward_mean"] = sum(r.reward_mean * r.n for r in ok) / samples
+            out[f"rollout/taskset/{name}/accuracy"] = sum(r.accuracy * r.n for r in ok) / samples
+    return out
+
+
 def eval_metrics(name: str, results: list[RolloutResult], n: int) -> dict[str, float]:
     """``eval/<name>/mean@n`` (mean reward over all samples) and ``best@n`` (mean over tasks of the best
     sample's reward), plus accuracy@n."""

@@ -161,16 +161,19 @@ def check_metric(metric: Metric) -> None:
 class ExplorerState:
     """What the explorer records about itself (JSON in ``SyncSignal.state``, kind EXPLORER_STATE).
 
-    It references tasks, never embeds them: ``pending`` holds ``[epoch, partition, offset]`` of the tasks read
-    from ``tasks`` but not yet rolled out, in rollout order, so the record stays a few KiB whatever the
-    prompts. ``in_flight`` lists the rounds published whose results are still being collected, oldest first:
-    training steps and eval rounds (``"eval": taskset``), each ``{"step", "requests": [ids],
-    "results_offsets": {partition: offset}}`` (where its results begin on ``results``). ``waiting`` says what
-    holds the next step back ("" when nothing does), for whoever watches the run."""
+    It references tasks, never embeds them, so the record stays a few KiB whatever the prompts. ``tasksets``
+    holds each training taskset's position (``explorer.tasksets``; one, ``tasks``, by default): a topic-fed
+    one's ``{"epoch", "pending": [[epoch, partition, offset], ...]}`` (tasks read from its topic but not yet rolled
+    out, in rollout order; its committed offsets are the rest), a file-fed one's ``{"epoch", "taken": bitmap}``
+    (the file's tasks rolled out this epoch, base64). ``epoch`` is the first taskset's, for people. ``in_flight``
+    lists the rounds published whose results are still being collected, oldest first: training steps and eval
+    rounds (``"eval": taskset``), each ``{"step", "requests": [ids], "results_offsets": {partition: offset}}``
+    (where its results begin on ``results``). ``waiting`` says what holds the next step back ("" when nothing
+    does), for whoever watches the run."""
 
     next_step: int = 0
     epoch: int = 0
-    pending: list[list[int]] = field(default_factory=list)
+    tasksets: dict[str, dict] = field(default_factory=dict)
     in_flight: list[dict] = field(default_factory=list)
     finished_step: int = -1  # every step up to this one has its results in (or cancelled / timed out)
     done: bool = False
@@ -197,6 +200,10 @@ class ExplorerState:
             _fail("bad-state", f"explorer state must be a JSON object, not {type(data).__name__}")
         if "in_flight" not in data and "awaiting" in data:
             data["in_flight"] = [] if data["awaiting"] is None else [data["awaiting"]]
+        if "tasksets" not in data and "pending" in data:  # an explorer of one taskset, before tasksets
+            from streamrft.config.tasksets import DEFAULT_TASKSET
+
+            data["tasksets"] = {DEFAULT_TASKSET: {"epoch": data.get("epoch", 0), "pending": data["pending"]}}
         known = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         state = cls(**known)
         state._check()
@@ -213,10 +220,15 @@ class ExplorerState:
         if not -1 <= self.finished_step < max(self.next_step, 0) + 1 or not 0 <= self.next_step <= MAX_VERSION:
             _fail("bad-state", f"explorer state: next_step {self.next_step}, finished_step {self.finished_step} "
                                "are out of range")
-        if not isinstance(self.pending, list) or not all(
-                isinstance(ref, list) and len(ref) == 3 and all(ok(v, int) and v >= 0 for v in ref)
-                for ref in self.pending):
-            _fail("bad-state", "explorer state: pending must be a list of [epoch, partition, offset]")
+        if not isinstance(self.tasksets, dict) or not all(
+                isinstance(name, str) and isinstance(position, dict) and ok(position.get("epoch"), int)
+                and position["epoch"] >= 0 and isinstance(position.get("pending", []), list)
+                and all(isinstance(ref, list) and len(ref) == 3 and all(ok(v, int) and v >= 0 for v in ref)
+                        for ref in position.get("pending", []))
+                and isinstance(position.get("taken", ""), str)
+                for name, position in self.tasksets.items()):
+            _fail("bad-state", "explorer state: tasksets must map each name to {epoch, pending: [[epoch, partition, "
+                               "offset], ...]} or {epoch, taken}")
         if not isinstance(self.in_flight, list) or not all(
                 isinstance(entry, dict) and ok(entry.get("step"), int) and -1 <= entry["step"] < self.next_step + 1
                 and isinstance(entry.get("requests"), list) and all(isinstance(r, str) for r in entry["requests"])

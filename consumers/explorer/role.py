@@ -21,6 +21,7 @@ and ``control``.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -30,9 +31,8 @@ from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
-from streamrft.rollout_stats import retry_metrics, step_metrics
+from streamrft.rollout_stats import retry_metrics, step_metrics, taskset_metrics
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
-from streamrft.selection import Selector
 from streamrft.validation import ExplorerState
 
 from ..runtime import RoleRuntime
@@ -40,7 +40,7 @@ from ..unit_of_work import UnitOfWork
 from .evals import EvalRounds
 from .retries import Retries
 from .rounds import Round, Window, round_of
-from .tasks import TaskSource
+from .schedule import TaskSchedule, configured_tasksets
 
 logger = logging.getLogger(__name__)
 
@@ -58,15 +58,16 @@ class Explorer:
         self.runtime = RoleRuntime(config, clients, stop, role="explorer", source=source,
                                    transactional_id=f"{config.name}.explorer", owns_sync_dead_letters=True)
         self.sync = self.runtime.sync
+        task_topics = [config.topic_prefix + t.topic_suffix for t in configured_tasksets(config) if t.topic_suffix]
         tasks = self.runtime.consumer("tasks", config.consumer_group("explorer"), client_id=source,
+                                      topics=task_topics or None,
                                       check_options={"max_bytes": config.limits.max_task_bytes},
                                       extra={"enable.partition.eof": True})
         self.runtime.bind(tasks)
         self.results = self.runtime.consumer("results", config.consumer_group("explorer"),
                                              client_id=f"{source}-results", subscribe=False)
-        self.state = ExplorerState()  # restored from control at start; shared with the task source (pending, epoch)
-        self.selector = Selector(self.settings.selector.kind, self.settings.selector.seed)
-        self.tasks = TaskSource(config, clients, tasks, self.selector, stop, source)
+        self.state = ExplorerState()  # restored from control at start
+        self.tasks = TaskSchedule.build(config, clients, tasks, stop, source)  # the tasksets and their mix
         self.window = Window(self.settings)  # training steps in flight, oldest first
         self.evals = EvalRounds(self.settings)  # eval rounds in flight
         self.retries = Retries(self.settings.max_retries)
@@ -98,11 +99,11 @@ class Explorer:
     def start(self, unit: UnitOfWork) -> None:
         self.sync.catch_up()
         self.state = state = self.sync.explorer
-        self.tasks.restore(state)
+        self.tasks.restore(state.tasksets, blocks_before=state.next_step // self.settings.selector.block_steps)
         self.window.restore(state.in_flight)
         self.evals.restore(state.in_flight)
         self._start_results_reader()
-        if self.settings.selector.kind == "difficulty":
+        if self.tasks.learns:
             self._replay_results_for_selector()
         if state.done:
             logger.info("explorer: the run is already complete (step %d); nothing to do", state.next_step)
@@ -152,7 +153,7 @@ class Explorer:
         if hold:
             self._note_waiting(unit, step, hold.cause, hold.waits_for)
             return False
-        self._publish_step(unit, step, self.tasks.take())
+        self._publish_step(unit, step, self.tasks.take(step))
         return True
 
     @property
@@ -193,10 +194,12 @@ class Explorer:
         unit.describe(f"publishing step {step}")
         self.g_step.set(self.state.next_step)
         self.g_in_flight.set(len(self.window))
-        epoch, in_flight = self.state.epoch, len(self.window)
+        mix = ", ".join(f"{n} {name}" for name, n in
+                        collections.Counter(r.task.taskset for r in requests.values()).items())
+        epoch, in_flight = max((e for e, _ in batch), default=0), len(self.window)
         unit.after_commit(lambda: logger.info(
-            "explorer: step %d published: %d tasks (epoch %d, weights >= v%d; %d step(s) in flight)",
-            step, len(requests), epoch, min_version, in_flight))
+            "explorer: step %d published: %d tasks (%s; epoch %d, weights >= v%d; %d step(s) in flight)",
+            step, len(requests), mix, epoch, min_version, in_flight))
 
     def _publish_requests(self, unit: UnitOfWork, requests) -> None:
         """Round-robin over the partitions (rather than by key hash) so every worker gets an even share."""
@@ -248,11 +251,11 @@ class Explorer:
         count = 0
         for raw in read_topic(self.config.kafka, self.clients.bootstrap, topic, idle_timeout=1.0):
             try:
-                self.selector.observe(self.clients.serde.decode(raw.value, topic, RolloutResult))
+                self.tasks.observe(self.clients.serde.decode(raw.value, topic, RolloutResult))
                 count += 1
             except Exception:  # undecodable history is the DLQ's business, not the selector's
                 continue
-        logger.info("explorer: difficulty selector rebuilt from %d past results", count)
+        logger.info("explorer: the task orders that learn from results rebuilt from %d past results", count)
 
     # 3. finish ------------------------------------------------------------------------------------------
     def _finish_ready(self, unit: UnitOfWork) -> None:
@@ -275,15 +278,18 @@ class Explorer:
                 request = round_.requests.get(rid)
                 round_.results[rid] = RolloutResult(
                     request_id=rid, step=round_.step, task_id=request.task.task_id if request else "",
-                    status=status, n=0, model_version=self.sync.version, duration_ms=0, worker_id=self.source)
+                    status=status, n=0, model_version=self.sync.version, duration_ms=0, worker_id=self.source,
+                    taskset=request.task.taskset if request else "")
             unit.produce(self.config.topic("control"), SyncSignal(kind=SyncKind.CANCEL_STEP, step=round_.step,
                                                                    source=self.source))
         results = list(round_.results.values())
         for result in results:
             self.c_results.labels(result.status.value).inc()
-            self.selector.observe(result)
+            self.tasks.observe(result)
         now = time.monotonic()
         metrics = step_metrics(results, round_.step, self.sync.version, len(round_.requests))
+        if self.settings.tasksets:
+            metrics.update(self._taskset_metrics(results))
         metrics.update(retry_metrics(round_.attempts))
         metrics["time/step_s"] = now - round_.started
         metrics["time/step_interval_s"] = now - self._last_finish  # the pace: steps overlap when several fly
@@ -302,6 +308,13 @@ class Explorer:
             metrics.get("rollout/accuracy", float("nan")), int(metrics["rollout/ok"]), len(round_.requests),
             version))
 
+    def _taskset_metrics(self, results: list[RolloutResult]) -> dict[str, float]:
+        """``rollout/taskset/<name>/*`` of the step, and the solved tasks each taskset has passed over."""
+        metrics = taskset_metrics(results, [t.name for t in self.tasks.tasksets])
+        for taskset in self.tasks.tasksets:
+            metrics[f"explorer/taskset/{taskset.name}/skipped_solved"] = float(taskset.skipped)
+        return metrics
+
     def _start_evals(self, unit: UnitOfWork, step: int) -> None:
         rounds = self.evals.start(step, self.sync.version, self._deadline_ms(), self._results_offsets())
         for round_ in rounds:
@@ -318,6 +331,8 @@ class Explorer:
     # -- the state record, written with every commit ------------------------------------------------------
     def _state_record(self) -> list[tuple[str, SyncSignal]]:
         self.state.in_flight = [round_.entry() for round_ in (*self.window, *self.evals)]
+        self.state.tasksets = self.tasks.positions()
+        self.state.epoch = next(iter(self.state.tasksets.values()))["epoch"]
         return [(self.config.topic("control"), SyncSignal(
             kind=SyncKind.EXPLORER_STATE, step=self.state.next_step, source=self.source,
             state=self.state.to_json()))]

@@ -1,126 +1,163 @@
-"""The ``tasks`` topic as the explorer reads it: blocks of ``batch_size × selector.block_steps`` tasks put in the
-selector's order, epochs (the topic is read again from its start, ``total_epochs`` times; ``null`` streams), and
-the pending tasks of the state record.
+"""A taskset fed through a topic (``tasks``, or ``tasks.<name>``) as the explorer reads it: blocks of
+``batch_size × block_steps`` tasks put in the taskset's order, epochs (the topic is read again from its start;
+``null`` epochs stream), and the pending tasks of the state record.
 
-The committed ``tasks`` offset is the taskset position. A block read but not yet rolled out is referenced in the
-explorer's state record (``pending``: ``[epoch, partition, offset]`` in rollout order; the record never embeds
-a task, so it stays small whatever the prompts), and every transaction of the explorer writes that record with
-the offsets: a task is either still in the topic, pending in the record, or published, never lost or doubled. A
-restarted explorer reads the pending tasks back by reference (:meth:`TaskSource.restore`)."""
+The committed offsets of its topic are the taskset's position. A block read but not yet rolled out is referenced in
+the explorer's state record (its ``pending``: ``[epoch, partition, offset]`` in rollout order; the record never
+embeds a task, so it stays small whatever the prompts), and every transaction of the explorer writes that record
+with the offsets: a task is either still in the topic, pending in the record, or published, never lost or
+doubled. A restarted explorer reads the pending tasks back by reference (:meth:`TopicTaskset.restore`).
+
+Several topic-fed tasksets share the explorer's one bound consumer (one transaction commits every position):
+each reads only its own topic while it reads (``RecordConsumer.read_only``).
+"""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
-from streamrft.config import RunConfig
+from streamrft.config import RunConfig, TasksetConfig
 from streamrft.kafka import KafkaClients, RecordConsumer
 from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import Task
 from streamrft.selection import Selector
-from streamrft.validation import ExplorerState
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
 
 
-class TaskSource:
+class TopicTaskset:
     def __init__(self, config: RunConfig, clients: KafkaClients, consumer: RecordConsumer[Task],
-                 selector: Selector, stop: StopSignal, source: str) -> None:
+                 taskset: TasksetConfig, selector: Selector, block_steps: int, stop: StopSignal, source: str) -> None:
         self.config = config
         self.settings = config.explorer
+        self.taskset = taskset
+        self.name = taskset.name
+        self.topic = config.topic_prefix + taskset.topic_suffix
+        self.epochs = taskset.epochs or self.settings.total_epochs
         self.clients = clients
         self.consumer = consumer
         self.selector = selector
+        self.block_steps = block_steps
         self.stop = stop
         self.source = source
-        self.state = ExplorerState()
+        self.epoch = 0
+        self.pending: list[list[int]] = []  # [epoch, partition, offset] read, not yet rolled out, in order
+        self.blocks = 0  # blocks read so far (a shuffled block's seed: a restart orders the next one the same)
         self.exhausted = False  # the last epoch's tasks are all taken
-        # (epoch, partition, offset) -> task, for the references in state.pending (a block that spans an epoch
-        # boundary of a small topic can hold one record twice)
+        self.skipped = 0  # solved tasks passed over (order difficulty, skip_solved)
+        # (epoch, partition, offset) -> task, for the references in pending (a block that spans an epoch boundary
+        # of a small topic can hold one record twice)
         self._by_ref: dict[tuple[int, int, int], Task] = {}
 
+    # -- the schedule's calls -------------------------------------------------------------------------------
     def ready(self, wait: bool) -> bool:
-        """The state's pending tasks hold a step (reading the next block when they are empty). ``wait=False``
-        (streaming with rounds in flight, whose results must be collected meanwhile): an empty topic is not
-        waited on."""
-        if not self.state.pending:
+        """Tasks are pending (reading the next block when there are none). ``wait=False`` (streaming with rounds
+        in flight, whose results must be collected meanwhile): an empty topic is not waited on."""
+        if not self.pending and not self.exhausted:
             self._read_block(wait=wait)
-        if self.state.pending:
+        if self.pending:
             return True
-        if self.settings.total_epochs is not None:
+        if self.epochs is not None:
             self.exhausted = True  # the last epoch is rolled out
         return False
 
-    def take(self) -> list[tuple[int, Task]]:
-        """The next step's (epoch, task) pairs; a block can span an epoch boundary."""
-        if not self.state.pending:
-            self._read_block()
-        size = self.settings.batch_size
-        refs, self.state.pending = self.state.pending[:size], self.state.pending[size:]
-        return [(ref[0], self._by_ref.pop(tuple(ref))) for ref in refs]
+    def take(self, count: int) -> list[tuple[int, Task]]:
+        """Up to ``count`` (epoch, task) pairs, the next in order (a block can span an epoch boundary); fewer
+        only when the taskset runs out."""
+        taken: list[tuple[int, Task]] = []
+        # a streaming topic is waited on for the step's first task only: then what is there makes the step
+        while len(taken) < count and self.ready(wait=not taken):
+            ref = self.pending.pop(0)
+            task = self._by_ref.pop(tuple(ref))
+            if self.taskset.order.skip_solved and self.selector.solved(task.task_id):
+                self.skipped += 1
+                continue
+            taken.append((ref[0], self._as_mine(task)))
+        return taken
+
+    def position(self) -> dict:
+        return {"epoch": self.epoch, "pending": [list(ref) for ref in self.pending], "blocks": self.blocks}
+
+    def observe(self, result) -> None:
+        self.selector.observe(result)
+
+    def _as_mine(self, task: Task) -> Task:
+        """The task under this taskset's name (what its metrics are counted by), with the taskset's settings."""
+        t = self.taskset
+        return dataclasses.replace(task, taskset=self.name, workflow=t.workflow or task.workflow,
+                                   reward_fn=t.reward_fn or task.reward_fn,
+                                   repeat_times=t.repeat_times or task.repeat_times)
 
     def _read_block(self, wait: bool = True) -> None:
-        """Fill the state's pending list with the next block of tasks, in the selector's order. Streaming
-        (``total_epochs: null``) with ``wait=False``, an empty topic returns at once with no block."""
+        """Fill ``pending`` with the next block of tasks, in the selector's order. Streaming (``epochs`` null)
+        with ``wait=False``, an empty topic returns at once with no block."""
         s = self.settings
-        want = s.batch_size * s.selector.block_steps
+        want = s.batch_size * self.block_steps
         block: list[tuple[int, Delivered[Task]]] = []
         idle_since = time.monotonic()
+        self.consumer.read_only(self.topic)
         while len(block) < want and not self.stop.requested:
             items = self.consumer.poll(max_records=want - len(block), timeout=POLL_S)
-            block += [(self.state.epoch, item) for item in items]
+            strays = [item.where for item in items if item.topic != self.topic]
+            if strays:  # a paused topic delivers nothing (librdkafka purges what it fetched); its offsets moved
+                raise RuntimeError(f"taskset {self.name}: read records of another taskset's topic: {strays[:3]}")
+            block += [(self.epoch, item) for item in items]
             if items:
                 idle_since = time.monotonic()
                 continue
-            if not self.consumer.at_end():
+            if not self.consumer.at_end(self.topic):
                 continue  # still fetching
-            if s.total_epochs is None:  # streaming: wait for injected tasks; roll out a partial block when idle
+            if self.epochs is None:  # streaming: wait for injected tasks; roll out a partial block when idle
                 if not block and not wait or block and time.monotonic() - idle_since > s.idle_wait_s:
                     break
                 continue
-            if self.state.epoch + 1 >= s.total_epochs:
+            if self.epoch + 1 >= self.epochs:
                 break  # the last epoch is exhausted (a partial block, or none)
-            self.state.epoch += 1
-            logger.info("explorer: end of tasks; epoch %d starts", self.state.epoch)
-            self.consumer.rewind_to_start()
+            self.epoch += 1
+            logger.info("explorer: end of taskset %s (%s); epoch %d starts", self.name, self.topic, self.epoch)
+            self.consumer.rewind_to_start(topic=self.topic)
         by_task = {id(item.record): (epoch, item) for epoch, item in block}
-        ordered = self.selector.order([item.record for _, item in block], self.state.epoch,
-                                      self.state.next_step // s.selector.block_steps)
-        self.state.pending = []
+        ordered = self.selector.order([item.record for _, item in block], self.epoch, self.blocks)
+        self.blocks += 1
+        self.pending = []
         for task in ordered:
             epoch, item = by_task[id(task)]
-            self.state.pending.append([epoch, item.partition, item.offset])
+            self.pending.append([epoch, item.partition, item.offset])
             self._by_ref[(epoch, item.partition, item.offset)] = task
 
     # -- after a restart ------------------------------------------------------------------------------------
-    def restore(self, state: ExplorerState) -> None:
-        """Take over the state record's epoch and pending references, and read those tasks back from ``tasks``
-        (group-less). A task no longer there (retention) or no longer valid is skipped, with a warning."""
-        self.state = state
-        wanted = {(partition, offset) for _, partition, offset in state.pending}
+    def restore(self, position: dict, blocks_before: int) -> None:
+        """Take over a state record's position (epoch, pending references, blocks read) and read those tasks
+        back from the topic (group-less). A task no longer there (retention) or no longer valid is skipped, with a
+        warning. ``blocks_before``: the blocks read, for a record written before it counted them."""
+        self.epoch = position.get("epoch", 0)
+        self.pending = [list(ref) for ref in position.get("pending", [])]
+        self.blocks = position.get("blocks", blocks_before)
+        wanted = {(partition, offset) for _, partition, offset in self.pending}
         if not wanted:
             return
-        topic = self.config.topic("tasks")
-        found = self._read_at(topic, wanted)
-        lost = [ref for ref in state.pending if (ref[1], ref[2]) not in found]
+        found = self._read_at(wanted)
+        lost = [ref for ref in self.pending if (ref[1], ref[2]) not in found]
         if lost:
             logger.warning("explorer: %d pending task(s) are no longer readable on %s (retention?) and are "
-                           "skipped: %s", len(lost), topic, ", ".join(f"[{p}]@{o}" for _, p, o in lost[:10]))
-        state.pending = [ref for ref in state.pending if ref not in lost]
-        for epoch, partition, offset in state.pending:
+                           "skipped: %s", len(lost), self.topic, ", ".join(f"[{p}]@{o}" for _, p, o in lost[:10]))
+        self.pending = [ref for ref in self.pending if ref not in lost]
+        for epoch, partition, offset in self.pending:
             self._by_ref[(epoch, partition, offset)] = found[(partition, offset)]
 
-    def _read_at(self, topic: str, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], Task]:
-        reader = self.clients.consumer([topic], Task, self.config.consumer_group("explorer-restore"),
+    def _read_at(self, wanted: set[tuple[int, int]]) -> dict[tuple[int, int], Task]:
+        reader = self.clients.consumer([self.topic], Task, self.config.consumer_group("explorer-restore"),
                                        client_id=f"{self.source}-restore", subscribe=False, dead_letters=False,
                                        extra={"enable.partition.eof": True})
         found: dict[tuple[int, int], Task] = {}
         try:
             starts: dict[tuple[str, int], int] = {}
             for partition, offset in wanted:
-                starts[(topic, partition)] = min(offset, starts.get((topic, partition), offset))
+                starts[(self.topic, partition)] = min(offset, starts.get((self.topic, partition), offset))
             reader.assign(starts)
             deadline = time.monotonic() + 60
             while len(found) < len(wanted) and not reader.at_end() and time.monotonic() < deadline:

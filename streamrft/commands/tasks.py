@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from streamrft.errors import StreamrftError
+from streamrft.errors import ConfigError, StreamrftError
 from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks, write_rejects
 from streamrft.producers.task_producer import produce_tasks
 
@@ -31,7 +31,9 @@ def register(subparsers) -> None:
     produce.add_argument("--no-answer", action="store_true", help="tasks have no reference answer")
     produce.add_argument("--id-key", default=None, help="field holding a task id (default: <taskset>-<line>)")
     produce.add_argument("--workflow", default="arithmetic", help="workflow that runs these tasks")
-    produce.add_argument("--taskset", default=None, help="taskset name (default: the file name without suffix)")
+    produce.add_argument("--taskset", default=None, help="taskset name (default: the file name without suffix); "
+                                                         "a taskset of explorer.tasksets fed through a topic of "
+                                                         "its own gets them there")
     produce.add_argument("--reward-fn", default=None, help="reward function (default: the workflow's own)")
     produce.add_argument("--repeat-times", type=int, default=None, help="samples per task (default: the run's)")
     produce.add_argument("--rejects", metavar="FILE", default=None,
@@ -47,13 +49,25 @@ def _check_writable(path: str) -> None:
         raise StreamrftError(f"--rejects {path}: cannot write it ({exc.strerror}); pass a writable path") from None
 
 
+def _topic_of(config, taskset: str) -> str:
+    """Where tasks of ``taskset`` go: its own topic when ``explorer.tasksets`` feeds it through one
+    (``tasks.<topic>``), else the run's ``tasks`` topic."""
+    configured = {t.name: t for t in config.explorer.tasksets}
+    if taskset in configured:
+        if configured[taskset].topic_suffix is None:
+            raise ConfigError(f"taskset {taskset!r} is read from the file {configured[taskset].path} by the explorer, "
+                              "not from a topic: add tasks to that file, or configure the taskset with `topic:`")
+        return config.topic_prefix + configured[taskset].topic_suffix
+    return config.topic("tasks")
+
+
 def run_produce(args: argparse.Namespace) -> int:
     config = config_from(args)
     taskset = args.taskset or ("stdin" if args.source == "-" else Path(args.source).stem)
     mapping = FieldMapping(prompt_key=args.prompt_key, answer_key=None if args.no_answer else args.answer_key,
                            id_key=args.id_key, workflow=args.workflow, taskset=taskset,
                            reward_fn=args.reward_fn, repeat_times=args.repeat_times)
-    topic = config.topic("tasks")
+    topic = _topic_of(config, taskset)
     if args.rejects is not None:
         _check_writable(args.rejects)
     with open_run(config) as clients:

@@ -18,6 +18,7 @@ from .roles import (
     WeightSyncConfig,
 )
 from .run import RunConfig, env_overrides, load_config
+from .tasksets import DEFAULT_TASKSET, TasksetConfig, TasksetOrder
 
 __all__ = [
     "AlgorithmConfig",
@@ -25,6 +26,9 @@ __all__ = [
     "ExplorerConfig",
     "LaunchConfig",
     "TaskFile",
+    "TasksetConfig",
+    "TasksetOrder",
+    "DEFAULT_TASKSET",
     "ModelConfig",
     "MonitorConfig",
     "OverRolloutConfig",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from streamrft.engines.lora import LoraSettings
 from streamrft.engines.training.settings import AlgorithmSettings, OptimizerSettings
 
 from .base import Section
+from .tasksets import TasksetConfig, check_tasksets
 
 
 class ModelConfig(Section):
@@ -94,6 +95,9 @@ class ExplorerConfig(Section):
     eval_on_start: bool = Field(default=False, description="evaluate the base model (the weights of step 0) "
                                                            "before training; its metrics are at step -1")
     eval_tasksets: tuple[EvalTaskset, ...] = ()
+    tasksets: tuple[TasksetConfig, ...] = Field(
+        default=(), description="training tasksets mixed by weight, each from a file or a topic "
+                                "(streamrft/config/tasksets.py); none: the tasks topic in the selector's order")
     selector: SelectorConfig = SelectorConfig()
     step_timeout_s: float = Field(default=1800.0, gt=0,
                                   description="results missing after this long are reported TIMEOUT")
@@ -102,6 +106,11 @@ class ExplorerConfig(Section):
                                          "this many times within its step")
     idle_wait_s: float = Field(default=5.0, gt=0, description="end of topic: wait this long for more tasks")
     metrics_port: int | None = 9101
+
+    @model_validator(mode="after")
+    def _tasksets_apart(self) -> "ExplorerConfig":
+        check_tasksets(self.tasksets)
+        return self
 
     @property
     def min_results(self) -> int:

@@ -143,12 +143,22 @@ class RunConfig(Section):
     def dlq_topic(self, source_topic: str) -> str:
         return f"{source_topic}.dlq"
 
+    def topics_of(self, name: str) -> list[str]:
+        """Full names of the topics of kind ``name``: its topic, and for ``tasks`` also the topics of the
+        tasksets fed through topics of their own (``tasks.<name>``, ``explorer.tasksets``)."""
+        own = [self.topic(name)]
+        if name == "tasks":
+            own += [self.topic_prefix + t.topic_suffix for t in self.explorer.tasksets
+                    if t.topic_suffix not in (None, "tasks")]
+        return own
+
     def topic_layouts(self) -> dict[str, TopicConfig]:
-        """Every topic of the run (full name -> layout): each kind's topic and its dead-letter topic."""
+        """Every topic of the run (full name -> layout): each kind's topics and their dead-letter topics."""
         out = {}
         for name in TOPIC_NAMES:
-            out[self.topic(name)] = getattr(self.topics, name)
-            out[self.dlq_topic(self.topic(name))] = self.topics.dlq
+            for topic in self.topics_of(name):
+                out[topic] = getattr(self.topics, name)
+                out[self.dlq_topic(topic)] = self.topics.dlq
         return out
 
     def consumer_group(self, role: str) -> str:

@@ -83,6 +83,7 @@ class RecordConsumer(Generic[R]):
         # when they come back, so whatever was read from them and not committed is read again
         self._revoked: set[tuple[str, int]] = set()
         self.paused = False  # see pause(): also applied to partitions assigned while paused
+        self.focus: str | None = None  # see read_only(): the one topic fetched from, of several
         self.subscribed = subscribe
         if subscribe:
             self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -95,10 +96,12 @@ class RecordConsumer(Generic[R]):
         # librdkafka keeps a partition's pause flag across rebalances: a partition paused under an earlier
         # assignment would come back paused for good. Each partition gets the consumer's current state.
         consumer.assign(partitions)
-        if self.paused:
-            consumer.pause(partitions)
-        else:
-            consumer.resume(partitions)
+        stopped = [tp for tp in partitions if self._stopped(tp.topic)]
+        consumer.pause(stopped)
+        consumer.resume([tp for tp in partitions if not self._stopped(tp.topic)])
+
+    def _stopped(self, topic: str) -> bool:
+        return self.paused or (self.focus is not None and topic != self.focus)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         logger.info("%s revoked %s", self.group_id, _describe(partitions))
@@ -236,18 +239,21 @@ class RecordConsumer(Generic[R]):
                 out[(tp.topic, tp.partition)] = max(tp.offset, out.get((tp.topic, tp.partition), 0))
         return out
 
-    def rewind_to_start(self, timeout: float = 10.0) -> None:
-        """Seek every assigned partition to its first offset (a new epoch over the topic); the start becomes
-        the pending position, so a commit now records the rewind."""
+    def rewind_to_start(self, timeout: float = 10.0, topic: str | None = None) -> None:
+        """Seek every assigned partition (of ``topic``, when given) to its first offset (a new epoch over the
+        topic); the start becomes the pending position, so a commit now records the rewind."""
         for tp in self._consumer.assignment():
+            if topic is not None and tp.topic != topic:
+                continue
             low, _ = self._consumer.get_watermark_offsets(tp, timeout=timeout)
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, low))
             self._pending[(tp.topic, tp.partition)] = low
-        self.at_eof.clear()
+            self.at_eof.discard((tp.topic, tp.partition))
 
-    def at_end(self) -> bool:
-        """True when every assigned partition has reported its end (enable.partition.eof)."""
-        assignment = self._consumer.assignment()
+    def at_end(self, topic: str | None = None) -> bool:
+        """True when every assigned partition (of ``topic``, when given) has reported its end
+        (enable.partition.eof)."""
+        assignment = [tp for tp in self._consumer.assignment() if topic is None or tp.topic == topic]
         return bool(assignment) and all((tp.topic, tp.partition) in self.at_eof for tp in assignment)
 
     # -- flow control ---------------------------------------------------------------------------------------
@@ -258,7 +264,18 @@ class RecordConsumer(Generic[R]):
 
     def resume(self) -> None:
         self.paused = False
-        self._consumer.resume(self._consumer.assignment())
+        self._consumer.resume([tp for tp in self._consumer.assignment() if not self._stopped(tp.topic)])
+
+    def read_only(self, topic: str | None) -> None:
+        """Of the topics subscribed, fetch only from ``topic`` from now on (None: from all of them again): one
+        consumer keeps one position per topic, each advanced when its reader wants more (several tasksets, each
+        its own topic, committed in one transaction)."""
+        if topic == self.focus:
+            return
+        self.focus = topic
+        assignment = self._consumer.assignment()
+        self._consumer.pause([tp for tp in assignment if self._stopped(tp.topic)])
+        self._consumer.resume([tp for tp in assignment if not self._stopped(tp.topic)])
 
     def assignment(self) -> list[TopicPartition]:
         return self._consumer.assignment()

@@ -66,6 +66,23 @@ def latest_evals(explorer: dict[int, dict[str, float]]) -> dict[str, tuple[int, 
     return found
 
 
+def taskset_totals(explorer: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """Per training taskset (``rollout/taskset/<name>/*``): tasks rolled out so far, and the latest step's
+    accuracy and reward."""
+    totals: dict[str, dict[str, float]] = {}
+    for step in sorted(explorer):
+        for name, value in explorer[step].items():
+            if not name.startswith("rollout/taskset/"):
+                continue
+            taskset, what = name[len("rollout/taskset/"):].rsplit("/", 1)
+            entry = totals.setdefault(taskset, {"tasks": 0.0})
+            if what == "tasks":
+                entry["tasks"] += value
+            else:
+                entry[what] = value
+    return totals
+
+
 def render(follower: MetricsFollower, lags: dict[str, int], processes: list, started: float, run: str, *,
            max_steps: int | None = None, sync: str = ""):
     """``sync``: a line saying what paces the explorer (``sync_line``)."""
@@ -92,6 +109,9 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     side.add_row("progress", progress(len(step_times), max_steps, step_times[-5:]))
     if sync:
         side.add_row("sync", sync)
+    for taskset, values in taskset_totals(explorer).items():
+        side.add_row(f"taskset {taskset}", f"{values['tasks']:.0f} tasks, accuracy {_fmt(values.get('accuracy'))}, "
+                                           f"reward {_fmt(values.get('reward_mean'))}")
     for taskset, (step, values) in sorted(latest_evals(explorer).items()):
         side.add_row(f"eval {taskset} ({'base model' if step < 0 else f'after step {step}'})",
                      ", ".join(f"{k} {v:.3f}" for k, v in sorted(values.items())))

@@ -248,8 +248,8 @@ def test_a_record_written_with_batch_id_decodes_into_step():
 
     from streamrft.schemas.contract import fingerprint64, parsed, previous_schemas
 
-    old = dict(previous_schemas())["RolloutResult"]
-    assert "batch_id" in {f["name"] for f in old["fields"]}
+    old = next(schema for name, schema in previous_schemas()  # the first version, before the rename
+               if name == "RolloutResult" and "batch_id" in {f["name"] for f in schema["fields"]})
     body = io.BytesIO()
     schemaless_writer(body, parsed(old), {"request_id": "r", "batch_id": 12, "task_id": "t", "status": "OK", "n": 2,
                                           "model_version": 3, "duration_ms": 5, "created_at": 1})

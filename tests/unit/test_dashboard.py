@@ -77,3 +77,18 @@ def test_dashboard_says_which_steps_are_in_flight_and_what_the_next_one_waits_fo
     console.print(render(follower, {}, [], time.monotonic(), "demo", max_steps=10, sync=line))
     text = console.export_text()
     assert "ETA 1.0 min" in text and "eval mini (base model)" in text and "waits for weights v5" in text
+
+
+def test_dashboard_shows_each_tasksets_share_and_latest_accuracy():
+    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
+    follower.by_role["explorer"] = {
+        0: {"time/step_s": 5.0, "rollout/taskset/math/tasks": 6, "rollout/taskset/math/accuracy": 0.25,
+            "rollout/taskset/chat/tasks": 2, "rollout/taskset/chat/accuracy": 0.5},
+        1: {"time/step_s": 5.0, "rollout/taskset/math/tasks": 5, "rollout/taskset/math/accuracy": 0.375,
+            "rollout/taskset/chat/tasks": 3, "rollout/taskset/chat/accuracy": 0.125},
+    }
+    console = Console(record=True, width=160)
+    console.print(render(follower, {}, [], time.monotonic(), "mix"))
+    text = console.export_text()
+    assert "taskset math" in text and "11 tasks, accuracy 0.375" in text
+    assert "taskset chat" in text and "5 tasks, accuracy 0.125" in text

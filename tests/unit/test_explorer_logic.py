@@ -23,8 +23,8 @@ def test_sequential_keeps_topic_order_and_shuffle_is_a_seeded_permutation():
     assert Selector("shuffle", seed=3).order(tasks, 1, 1) != first  # a new epoch reshuffles
 
 
-def test_difficulty_prefers_tasks_nearest_a_half_pass_rate():
-    selector = Selector("difficulty")
+def test_learnable_prefers_tasks_nearest_a_half_pass_rate():
+    selector = Selector("learnable")
     for task_id, accuracy in (("t0", 1.0), ("t1", 0.0), ("t2", 0.6)):
         selector.observe(RolloutResult(request_id=task_id, step=0, task_id=task_id, status=RolloutStatus.OK,
                                        n=4, model_version=0, duration_ms=1, accuracy=accuracy))

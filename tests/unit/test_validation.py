@@ -89,11 +89,17 @@ def test_requests_results_and_metrics():
 
 
 def test_explorer_state_ignores_unknown_keys_and_refuses_bad_shapes():
-    state = ExplorerState(next_step=3, epoch=1, pending=[[1, 0, 17]], finished_step=2)
+    state = ExplorerState(next_step=3, epoch=1, finished_step=2,
+                          tasksets={"tasks": {"epoch": 1, "pending": [[1, 0, 17]], "blocks": 2},
+                                    "math": {"epoch": 0, "taken": "AQ=="}})
     data = json.loads(state.to_json()) | {"added_by_a_newer_explorer": {"x": 1}}
     assert ExplorerState.from_json(json.dumps(data)) == state
     assert ExplorerState.from_json("") == ExplorerState()
+    # an explorer of one taskset, before tasksets: its pending tasks are the tasks topic's
+    older = ExplorerState.from_json('{"next_step": 3, "epoch": 1, "pending": [[1, 0, 17]], "finished_step": 2}')
+    assert older.tasksets == {"tasks": {"epoch": 1, "pending": [[1, 0, 17]]}}
     for text in ("{nope", "[1]", '{"next_step": "3"}', '{"pending": [{"task": {}}]}', '{"done": 1}',
+                 '{"tasksets": {"tasks": {"pending": []}}}', '{"tasksets": {"m": {"epoch": 0, "taken": 3}}}',
                  '{"awaiting": {"step": 1, "requests": [1]}}', '{"next_step": -4}',
                  '{"next_step": 2, "in_flight": [{"step": 1, "requests": "s1-a"}]}',
                  '{"next_step": 2, "in_flight": [{"step": 9, "requests": []}]}',
