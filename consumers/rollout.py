@@ -33,6 +33,7 @@ import socket
 import statistics
 import time
 import uuid
+import collections
 import zlib
 from collections.abc import Hashable
 
@@ -47,6 +48,7 @@ from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus
+from .auxiliary import build_auxiliary, close_all
 from .model_paths import resolve_model_path
 from .request_ledger import RequestLedger
 from .runtime import RoleRuntime
@@ -117,6 +119,9 @@ class RolloutWorker:
         self.engine = engine or build_engine(config)
         if engine is None:  # an engine handed in is its owner's to release
             self.runtime.on_close("engine", self.engine.close)
+        # judges, teachers (auxiliary_models): built here from the config, handed to the workflows by name
+        self.auxiliary = build_auxiliary(config, self.engine)
+        self.runtime.on_close("auxiliary models", lambda: close_all(self.auxiliary))
         self.sampling = SamplingParams(temperature=self.settings.sampling.temperature,
                                        top_p=self.settings.sampling.top_p, top_k=self.settings.sampling.top_k,
                                        max_tokens=self.settings.sampling.max_tokens)
@@ -131,6 +136,7 @@ class RolloutWorker:
         self.core = RolloutCore(self.engine, FollowedWeights(self.weights, self.sync, stop), rollout_policy(config),
                                 config.limits, stopped=lambda: stop.requested)
         self.runtime.on_close("workflows", self.core.close)
+        self.core.pool.attach(self.auxiliary, judge=config.judge, teacher=config.distillation.teacher)
         self.ledger = RequestLedger()
         # the core's key (topic, partition, offset, admission) -> the request as read, while the core holds it
         self._read_items: dict[Hashable, Delivered[RolloutRequest]] = {}
@@ -147,6 +153,10 @@ class RolloutWorker:
                                   registry=self.runtime.registry)
         self.c_tokens = Counter("streamrft_rollout_generated_tokens", "response tokens generated",
                                 registry=self.runtime.registry)
+        self.c_failed_samples = Counter("streamrft_rollout_failed_samples", "samples their reward could not "
+                                        "score (a judge's answer without a score), by reward; never trained on",
+                                        ["reward"], registry=self.runtime.registry)
+        self._failures_since_commit: collections.Counter[str] = collections.Counter()  # by reward, for metrics
         self.c_busy = Counter("streamrft_rollout_busy_seconds", "seconds the engine ran with requests in flight",
                               registry=self.runtime.registry)
         Gauge("streamrft_rollout_swaps_in_flight", "weights versions loaded while requests ran "
@@ -274,7 +284,7 @@ class RolloutWorker:
         item = self._read_items.pop(done.key)
         request = item.record
         if done.status == RolloutStatus.OK:
-            outcome = self._succeeded(request, done.samples, done.version)
+            outcome = self._succeeded(item, done.samples, done.version)
         elif done.status == RolloutStatus.FAILED:
             outcome = self._failed(item, done.error or "", done.reason or "failed", done.version)
         else:
@@ -284,19 +294,32 @@ class RolloutWorker:
         self.ledger.finish(where[:2], item.offset)
         self._outcomes.append((where, outcome, request.step))
 
-    def _succeeded(self, request: RolloutRequest, samples: list[WorkflowSample], version: int) -> Outcome:
+    def _succeeded(self, item: Delivered[RolloutRequest], samples: list[WorkflowSample], version: int) -> Outcome:
+        """Experiences of the samples the reward scored. A sample it could not score (a judge's answer without a
+        score) is left out of the group and named in the result's ``error``; with none scored the request FAILS
+        (``reward-failed``)."""
+        request = item.record
         self.c_tokens.inc(sum(s.response_length for s in samples))
+        scored = [(index, s) for index, s in enumerate(samples) if s.failure is None]
+        failures = [(index, s.failure) for index, s in enumerate(samples) if s.failure is not None]
+        for _, failure in failures:
+            self.c_failed_samples.labels(failure.source).inc()
+            self._failures_since_commit[failure.source] += 1
+        why = _failures_text(failures, len(samples)) if failures else None
+        if not scored:
+            return self._failed(item, why, "reward-failed", version)
         experiences = []
         if request.kind == RolloutKind.TRAIN:  # eval rollouts produce results and metrics only
             experiences = [
                 sample.to_experience(eid=f"{request.request_id}/{index}", group_id=request.request_id,
                                      task_id=request.task.task_id, step=request.step, kind=request.kind,
                                      run_index=index, worker_id=self.worker_id, default_version=version)
-                for index, sample in enumerate(samples)
+                for index, sample in scored
             ]
             for experience in experiences:
-                experience.group_size = len(samples)
-        return experiences, self._result(request, RolloutStatus.OK, samples, version), None
+                experience.group_size = len(scored)
+        kept = [sample for _, sample in scored]
+        return experiences, self._result(request, RolloutStatus.OK, kept, version, error=why), None
 
     def _failed(self, item: Delivered[RolloutRequest], error: str, reason: str, version: int) -> Outcome:
         """A FAILED result with the reason, and the request on ``rollouts.dlq`` (same transaction)."""
@@ -345,9 +368,11 @@ class RolloutWorker:
                 unit.dead_letter(letter)
         samples = sum(len(experiences) for _, (experiences, _, _), _ in outcomes)
         step = max(step for _, _, step in outcomes)
+        failed = {f"{reward}/failed_samples": count for reward, count in self._failures_since_commit.items()}
+        self._failures_since_commit.clear()
         unit.metrics(step, {"rollout_worker/requests": len(outcomes), "rollout_worker/samples": samples,
                             "rollout_worker/in_flight": self.core.running,
-                            "rollout_worker/samples_per_s": samples / max(elapsed, 1e-6)})
+                            "rollout_worker/samples_per_s": samples / max(elapsed, 1e-6), **failed})
         unit.commit_points(points)
         unit.describe(f"{len(outcomes)} request(s) up to step {step}")
         unit.after_commit(lambda: self._committed(points, outcomes))
@@ -365,3 +390,9 @@ class RolloutWorker:
         """Leave the group at once so the partitions move to the other workers; release the engine."""
         self.runtime.close()
         logger.info("%s: stopped after %d request(s)", self.worker_id, self.handled)
+
+
+def _failures_text(failures: list, total: int) -> str:
+    """What a result's ``error`` says of the samples their reward could not score."""
+    listed = "; ".join(f"sample {index}: {failure}" for index, failure in failures)
+    return f"{len(failures)} of {total} sample(s) not scored, so not trained on: {listed}"

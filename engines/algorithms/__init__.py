@@ -1,6 +1,6 @@
 """RL algorithms as small registries, one readable function each: advantages, policy losses, KL estimators,
 loss aggregations; plus truncated importance sampling and the staleness bound."""
-from .advantages import ADVANTAGES, dr_grpo, group_stats, grpo, reinforce_plus_plus, rloo, sequence_scores
+from .advantages import ADVANTAGES, distill, dr_grpo, group_stats, grpo, reinforce_plus_plus, rloo, sequence_scores
 from .aggregation import LOSS_AGGREGATIONS, seq_mean_token_mean, seq_mean_token_sum, token_mean
 from .importance import ImportanceWeights, truncated_importance_weights
 from .kl import KL_ESTIMATORS, k1, k2, k3, kl_penalty

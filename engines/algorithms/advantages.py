@@ -192,3 +192,29 @@ def reinforce_plus_plus(
     if valid.numel() < 2:
         return torch.zeros_like(returns)
     return (returns - valid.mean()) / (valid.std() + epsilon) * m
+
+
+@ADVANTAGES.register("distill")
+def distill(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: Sequence[Hashable],
+    *,
+    token_rewards: torch.Tensor | None = None,
+    teacher_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+) -> torch.Tensor:
+    """On-policy distillation (Agarwal et al. 2024, GKD; Thinking Machines 2025, "On-Policy Distillation"): the
+    per-token reverse KL to a teacher, as the advantage,
+
+    ``A_t = m_t · (logp_teacher_t − logp_behav_t)``,
+
+    on the student's own samples (``logp_behav``: the rollout policy's logprob of the token it sampled,
+    ``logp_teacher``: the teacher's of the same token, teacher-forced). ``−A_t`` is the one-sample (k1) estimate
+    of ``KL(π‖π_teacher)`` at that position, so the policy gradient with this advantage lowers the reverse KL
+    token by token: a token the teacher finds likelier than the student did is pushed up, one it finds unlikely
+    is pushed down. Each token is its own credit (discount 0: a token is not charged for the tokens after it),
+    there is no baseline and no group (``repeat_times`` may be 1); ``rewards`` and ``token_rewards`` are not
+    used (``trainer.algorithm.distill_coef`` adds this term to a task reward's advantage instead).
+    """
+    return (teacher_logprobs.to(torch.float32) - behaviour_logprobs.to(torch.float32)) * mask.to(torch.float32)

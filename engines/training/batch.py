@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields, replace
 import numpy as np
 import torch
 
-from streamrft.schemas import Experience
+from streamrft.schemas import Experience, unpack_f32
 
 
 @dataclass
@@ -33,6 +33,10 @@ class Batch:
     needs_correction: torch.Tensor  # [B] bool: apply importance correction (stale experiences)
     truncated: torch.Tensor  # [B] bool: cut by a budget (max_tokens, an episode's turns or tokens)
     group_ids: list[Hashable]
+    # a teacher's logprobs of the response tokens (on-policy distillation), [B, R] float, and which rows carry
+    # them ([B] bool); None when no record carries any
+    teacher_logprobs: torch.Tensor | None = None
+    has_teacher: torch.Tensor | None = None
     # filled by TrainingEngine.prepare
     old_logprobs: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
@@ -134,6 +138,8 @@ def collate(
     behaviour = np.zeros((n, r), dtype=np.float32)
     token_rewards = np.zeros((n, r), dtype=np.float32)
     any_token_rewards = False
+    teacher = np.zeros((n, r), dtype=np.float32)
+    has_teacher = np.zeros(n, dtype=bool)
     for i, e in enumerate(experiences):
         tokens = e.token_array
         pl, rl = prompt_lens[i], resp_lens[i]
@@ -145,6 +151,9 @@ def collate(
         if tr is not None:
             token_rewards[i, :rl] = _response_array(e, tr, "token_rewards")
             any_token_rewards = True
+        if e.teacher_logprobs is not None:
+            teacher[i, :rl] = _response_array(e, unpack_f32(e.teacher_logprobs), "teacher_logprobs")
+            has_teacher[i] = True
     attention_t = torch.from_numpy(attention)
     positions = (attention_t.cumsum(-1) - 1).clamp(min=0)
     return Batch(
@@ -163,4 +172,6 @@ def collate(
         ),
         truncated=torch.tensor([e.truncated for e in experiences], dtype=torch.bool),
         group_ids=[e.group_id for e in experiences],
+        teacher_logprobs=torch.from_numpy(teacher) if has_teacher.any() else None,
+        has_teacher=torch.from_numpy(has_teacher) if has_teacher.any() else None,
     )

@@ -4,7 +4,8 @@ One training step reads as four stages, each a public method so a trainer can ru
 mini-batches or epochs over one prepared batch, or a test comparing gradients)::
 
     batch = engine.prepare(experiences, needs_correction=flags)  # collate; old/ref logprobs; KL penalty;
-                                                                 # advantages; IS weights of flagged rows
+                                                                 # advantages (a teacher's, when distilling:
+                                                                 # .distillation); IS weights of flagged rows
     engine.backward(batch)             # micro-batched loss.backward(), gradients accumulate
     engine.apply_gradients()           # clip, AdamW step, lr schedule step
     # == engine.train_step(experiences, needs_correction=flags)
@@ -30,12 +31,14 @@ from ..algorithms import (
     KL_ESTIMATORS,
     LOSS_AGGREGATIONS,
     POLICY_LOSSES,
+    distill,
     kl_penalty,
     truncated_importance_weights,
 )
 from ..lora import LoraSettings, published_name
 from ..models import MODEL_LOAD_LOCK
 from .batch import Batch, collate
+from .distillation import distill_metrics, keep_rows_with_teacher, teacher_inputs
 from .logprobs import response_logprobs
 from .parallel import SingleProcess
 from .schedule import build_scheduler
@@ -275,10 +278,18 @@ class TrainingEngine:
             )
             kl = KL_ESTIMATORS.get(s.kl_penalty_estimator)(batch.old_logprobs, batch.ref_logprobs)
             metrics["actor/kl_penalty"] = _masked_mean(kl, mask)
+        if s.uses_teacher:  # on-policy distillation: rows without the teacher's logprobs stay out of the loss
+            metrics["distill/rows_without_teacher"] = float(keep_rows_with_teacher(batch))
+            mask = batch.response_mask
         advantage_fn = ADVANTAGES.get(s.advantage)
         batch.advantages = advantage_fn(
-            batch.rewards, mask, batch.group_ids, token_rewards=token_rewards, **s.advantage_params
+            batch.rewards, mask, batch.group_ids, token_rewards=token_rewards,
+            **teacher_inputs(advantage_fn, batch), **s.advantage_params
         ).to(mask.dtype)
+        if s.distill_coef > 0:  # distillation beside the task reward
+            batch.advantages = batch.advantages + s.distill_coef * distill(
+                batch.rewards, mask, batch.group_ids, **teacher_inputs(distill, batch)).to(mask.dtype)
+        metrics.update(distill_metrics(batch, mask))
         if s.mask_truncated:  # after the advantages: a truncated sample still counts in its group's baseline
             metrics["actor/num_masked_truncated"] = float(batch.truncated.sum())
             mask = batch.response_mask = mask * (~batch.truncated).to(mask.dtype)[:, None]

@@ -20,6 +20,8 @@ from ..algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LO
 
 # Arguments every advantage function receives from the engine; ``advantage_params`` supplies the others.
 ADVANTAGE_INPUTS = ("rewards", "mask", "group_ids", "token_rewards")
+# Per-token inputs the engine gives an advantage function only when it declares them (``distill``).
+OPTIONAL_ADVANTAGE_INPUTS = ("teacher_logprobs", "behaviour_logprobs")
 
 
 def _registered(registry: Registry) -> AfterValidator:
@@ -110,6 +112,10 @@ class AlgorithmSettings(EngineSettings):
                                  description="keep truncated samples (cut by max_tokens, or a multi-turn episode cut "
                                              "by its turn or token budget) out of the loss; their rewards still "
                                              "count in their group's baseline")
+    distill_coef: float = Field(default=0.0, ge=0,
+                                description="on-policy distillation beside the task reward: adds distill_coef × "
+                                            "the distill advantage (teacher − behaviour logprob, per token) to "
+                                            "the advantage; advantage: distill is distillation alone")
 
     @property
     def reweights_every_row(self) -> bool:
@@ -131,7 +137,7 @@ class AlgorithmSettings(EngineSettings):
         parameters = inspect.signature(ADVANTAGES.get(self.advantage)).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             return self
-        accepted = [name for name in parameters if name not in ADVANTAGE_INPUTS]
+        accepted = [name for name in parameters if name not in ADVANTAGE_INPUTS + OPTIONAL_ADVANTAGE_INPUTS]
         unknown = sorted(set(self.advantage_params) - set(accepted))
         if unknown:
             raise ValueError(
@@ -139,6 +145,18 @@ class AlgorithmSettings(EngineSettings):
                 f"{', '.join(accepted) or 'none'}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _distillation_once(self) -> "AlgorithmSettings":
+        if self.advantage == "distill" and self.distill_coef > 0:
+            raise ValueError("advantage: distill is distillation alone, and distill_coef adds the same term to "
+                             "another advantage (grpo, ...); set one of them")
+        return self
+
+    @property
+    def uses_teacher(self) -> bool:
+        """Training reads the teacher's logprobs of the experiences (on-policy distillation)."""
+        return self.advantage == "distill" or self.distill_coef > 0
 
     @property
     def needs_reference(self) -> bool:

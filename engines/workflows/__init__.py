@@ -1,11 +1,14 @@
 """Workflows (task -> scored samples) and rewards, with registries open to plugins by entry point.
 
 Built in: workflows ``arithmetic``, ``math_boxed``; multi-turn environments (:mod:`.episode`) ``guess_number`` and
-``calculator`` (tool use, :mod:`.tools`); rewards ``exact_number``, ``boxed_match``, ``format``, ``format_boxed``. The rollout worker runs tasks side by side on one engine in a :class:`WorkflowPool` (``scheduler``: continuous
+``calculator`` (tool use, :mod:`.tools`); rewards ``exact_number``, ``boxed_match``, ``format``, ``format_boxed``
+and ``judge`` (an LLM judge, :mod:`.judge`, on one of the run's auxiliary models, :mod:`.auxiliary`; a teacher's
+logprobs for on-policy distillation come from :mod:`.teacher`). The rollout worker runs tasks side by side on one engine in a :class:`WorkflowPool` (``scheduler``: continuous
 batching) and turns a :class:`WorkflowError` into a FAILED result; :func:`run_workflows` runs a list of tasks to
 the end that way.
 """
-from . import rewards  # noqa: F401  (registers the built-in rewards)
+from . import judge, rewards  # noqa: F401  (register the built-in rewards)
+from .auxiliary import AuxiliaryModels, Teacher, UnknownAuxiliaryModel, WorkflowContext
 from . import arithmetic, calculator, guess_number  # noqa: F401  (register the built-in workflows and environments)
 from .base import (
     RewardFn,
@@ -38,6 +41,8 @@ from .registry import (
     workflow_names,
 )
 from .tools import Tool, ToolEnvironment, ToolError
-from .rewards import Reward, answers_match, final_number, last_boxed, parse_number
+from .judge import JudgeReward, JudgeSettings, parse_score
+from .rewards import GroupReward, Reward, RewardFailure, answers_match, final_number, last_boxed, parse_number
+from .teacher import check_same_tokenizer, reverse_kl, teacher_forced_logprobs
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -18,9 +18,10 @@ from typing import Any, ClassVar
 from streamrft.schemas import Experience, RolloutKind, Task, pack_f32, pack_i32, pack_u8
 
 from ..inference.base import Completion, InferenceEngine, Message, SamplingParams
+from .auxiliary import WorkflowContext
 from .limits import WorkLimits
 from .registry import get_reward, get_workflow_class
-from .rewards import Reward
+from .rewards import GroupReward, Reward, RewardFailure
 
 RewardFn = Callable[[str, Mapping[str, Any]], Any]
 
@@ -43,7 +44,10 @@ class WorkflowSample:
     ``action_mask`` is 1 for tokens the policy produced (trained on) and 0 for tokens an environment inserted;
     None means all ones. ``token_rewards`` are per-step rewards (e.g. a multi-turn episode's turn rewards on the
     last token of each turn), added to ``reward`` by the advantage estimators. ``truncated``: the sample was cut
-    by a budget (``max_tokens``, an episode's turns or tokens) rather than ending on its own."""
+    by a budget (``max_tokens``, an episode's turns or tokens) rather than ending on its own.
+    ``teacher_logprobs``: a teacher's logprob of each response token (on-policy distillation), when the run has
+    one. ``failure``: why the reward could not score this sample (a judge's answer without a score); such a
+    sample is reported, never trained on."""
 
     tokens: list[int]
     prompt_length: int
@@ -63,6 +67,8 @@ class WorkflowSample:
     # newer weights that took over while it was generated (rollout.weight_update: in_flight): (index of the
     # first response token of a version, that version), oldest first
     version_switches: list[tuple[int, int]] = field(default_factory=list)
+    teacher_logprobs: list[float] | None = None
+    failure: RewardFailure | None = None
 
     @property
     def response_length(self) -> int:
@@ -83,6 +89,8 @@ class WorkflowSample:
             raise ValueError(f"action mask of {len(self.action_mask)} for {n} response tokens")
         if self.token_rewards is not None and len(self.token_rewards) != n:
             raise ValueError(f"{len(self.token_rewards)} token rewards for {n} response tokens")
+        if self.teacher_logprobs is not None and len(self.teacher_logprobs) != n:
+            raise ValueError(f"{len(self.teacher_logprobs)} teacher logprobs for {n} response tokens")
 
     def to_experience(
         self,
@@ -97,6 +105,8 @@ class WorkflowSample:
         default_version: int = 0,
     ) -> Experience:
         """The sample as an Experience; ``default_version`` is its version when the workflow did not say."""
+        if self.failure is not None:
+            raise ValueError(f"a sample its reward could not score is not an experience ({self.failure})")
         first = self.model_version if self.model_version is not None else default_version
         info = {k: str(v) for k, v in self.info.items()}
         if self.version_switches:
@@ -116,6 +126,7 @@ class WorkflowSample:
             reward=float(self.reward),
             action_mask=None if self.action_mask is None else pack_u8(self.action_mask),
             token_rewards=None if self.token_rewards is None else pack_f32(self.token_rewards),
+            teacher_logprobs=None if self.teacher_logprobs is None else pack_f32(self.teacher_logprobs),
             truncated=self.truncated,
             prompt_text=self.prompt_text,
             response_text=self.response_text,
@@ -127,19 +138,29 @@ class WorkflowSample:
 
 class Workflow(ABC):
     """Turns one task into samples. Subclasses set ``default_reward`` (a reward name) and implement
-    :meth:`run`; ``self.reward_fn`` is the task's ``reward_fn`` when it names one, else the default."""
+    :meth:`run`; ``self.reward_fn`` is the task's ``reward_fn`` when it names one, else the default.
+    ``self.context`` holds the run's auxiliary models by name (``self.context.auxiliary["judge"]`` is an engine
+    like the policy's), see :mod:`.auxiliary`."""
 
     default_reward: ClassVar[str | None] = None
     limits: WorkLimits = WorkLimits()  # set per task by build_workflow; multi-turn workflows check turns
+    context: WorkflowContext = WorkflowContext()  # set per task by build_workflow
 
-    def __init__(self, reward_fn: RewardFn | None = None) -> None:
+    def __init__(self, reward_fn: RewardFn | GroupReward | None = None) -> None:
         if reward_fn is None and self.default_reward is not None:
             reward_fn = get_reward(self.default_reward)
         self.reward_fn = reward_fn
 
-    def score(self, response: str, payload: Mapping[str, Any]) -> Reward:
+    def score(self, response: str, payload: Mapping[str, Any], prompt: str = "") -> Reward:
+        """One response's reward (``prompt``: what the model was asked, for a reward that reads it, as a judge
+        does). Raises :class:`RewardFailure` when the reward cannot score it."""
         if self.reward_fn is None:
             raise ValueError(f"{type(self).__name__} has no reward function")
+        if isinstance(self.reward_fn, GroupReward):
+            (result,) = self.reward_fn.score_group(prompt, [response], payload)
+            if isinstance(result, RewardFailure):
+                raise result
+            return result
         return Reward.of(self.reward_fn(response, payload))
 
     @abstractmethod
@@ -164,13 +185,22 @@ class SingleTurnWorkflow(Workflow):
     def score_sample(self, completion: Completion, payload: Mapping[str, Any]) -> Reward:
         return self.score(completion.text, payload)
 
+    def score_completions(self, completions: list[Completion], payload: Mapping[str, Any],
+                          prompt: str) -> list[Reward | RewardFailure]:
+        """Each completion's reward, or why it has none: a group reward (an LLM judge) scores them all in one
+        call; a reward function scores them one by one (:meth:`score_sample`)."""
+        if isinstance(self.reward_fn, GroupReward):
+            return self.reward_fn.score_group(prompt, [c.text for c in completions], payload)
+        return [self.score_sample(c, payload) for c in completions]
+
     def run(self, task, payload, engine, repeat_times, sampling):
         messages = self.messages(payload)
         completions = engine.generate([messages], sampling, n=repeat_times)[0]
         prompt_text = messages[-1]["content"]
         samples = []
-        for completion in completions:
-            reward = self.score_sample(completion, payload)
+        for completion, scored in zip(completions, self.score_completions(completions, payload, prompt_text)):
+            failure = scored if isinstance(scored, RewardFailure) else None
+            reward = Reward(0.0) if failure is not None else scored  # 0 is never trained on: the sample fails
             samples.append(
                 WorkflowSample(
                     tokens=completion.prompt_ids + completion.response_ids,
@@ -181,10 +211,11 @@ class SingleTurnWorkflow(Workflow):
                     prompt_text=prompt_text,
                     response_text=completion.text,
                     metrics={"response_length": float(len(completion.response_ids)), **reward.metrics},
-                    info={"finish_reason": completion.finish_reason},
+                    info={"finish_reason": completion.finish_reason, **reward.info},
                     correct=reward.correct,
                     model_version=completion.model_version,
                     version_switches=list(completion.version_switches),
+                    failure=failure,
                 )
             )
         return samples
@@ -211,12 +242,19 @@ def parse_payload(task: Task) -> dict[str, Any]:
     return payload
 
 
-def build_workflow(task: Task, limits: WorkLimits | None = None) -> Workflow:
-    """The workflow named by ``task.workflow`` with the reward named by ``task.reward_fn`` (if any)."""
+def build_workflow(task: Task, limits: WorkLimits | None = None, context: WorkflowContext | None = None,
+                   payload: Mapping[str, Any] | None = None) -> Workflow:
+    """The workflow named by ``task.workflow`` with the reward named by ``task.reward_fn`` (if any), given the
+    run's ``context`` (auxiliary models). A group reward (a judge) is made for this task's ``payload`` here, so a
+    model it needs and the run lacks fails the task before anything is generated."""
     cls = get_workflow_class(task.workflow)
+    context = context or WorkflowContext()
     reward_fn = get_reward(task.reward_fn) if task.reward_fn else None
+    if isinstance(reward_fn, type) and issubclass(reward_fn, GroupReward):
+        reward_fn = reward_fn(context, payload if payload is not None else parse_payload(task))
     workflow = cls(reward_fn=reward_fn)
     workflow.limits = limits or WorkLimits()
+    workflow.context = context
     return workflow
 
 
@@ -226,21 +264,28 @@ def run_workflow(
     repeat_times: int | None = None,
     sampling: SamplingParams | None = None,
     limits: WorkLimits | None = None,
+    context: WorkflowContext | None = None,
 ) -> list[WorkflowSample]:
     """Run ``task``'s workflow: ``repeat_times`` (else ``task.repeat_times``, else 1) validated samples, within
-    ``limits``.
+    ``limits``, with the run's auxiliary models (``context``); when the run has a teacher, each sample the
+    reward scored gets the teacher's logprobs of its response tokens.
 
     Raises :class:`WorkflowError` for anything that goes wrong inside (its ``__cause__`` is the original).
     """
     repeat = repeat_times or task.repeat_times or 1
     sampling = sampling or SamplingParams()
+    context = context or WorkflowContext()
     try:
         (limits or WorkLimits()).check_repeat_times(repeat)
         payload = parse_payload(task)
-        workflow = build_workflow(task, limits)
+        workflow = build_workflow(task, limits, context, payload)
         samples = workflow.run(task, payload, engine, repeat, sampling)
         if len(samples) != repeat:
             raise ValueError(f"workflow returned {len(samples)} samples, {repeat} were asked for")
+        if context.teacher is not None:
+            scored = [s for s in samples if s.failure is None]
+            for sample, logprobs in zip(scored, context.teacher.logprobs(scored, sampling.logprob_temperature)):
+                sample.teacher_logprobs = logprobs
         for sample in samples:
             sample.validate()
         return samples

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Literal
 
 from ..inference.base import Completion, Message
 from .base import Workflow, WorkflowSample, add_versions, chat_suffix_ids
-from .rewards import Reward
+from .rewards import Reward, RewardFailure
 
 Finish = Literal["done", "max_turns", "max_tokens", "max_model_len"]
 
@@ -198,10 +198,14 @@ class EpisodeWorkflow(Workflow):
                 episode.add_env_turn(suffix, reply.messages)
 
     def _sample(self, episode: _Episode, payload: Mapping[str, Any]) -> WorkflowSample:
-        if self.reward_fn is not None:
-            reward = self.score(episode.last_text, payload)
-        else:
+        failure = None
+        if self.reward_fn is None:
             reward = episode.env.outcome()
+        else:
+            try:
+                reward = self.score(episode.last_text, payload, prompt=episode.opening[-1]["content"])
+            except RewardFailure as exc:  # e.g. a judge's answer without a score: this episode fails alone
+                reward, failure = Reward(0.0), exc
         return WorkflowSample(
             tokens=episode.context,
             prompt_length=len(episode.prompt_ids),
@@ -220,10 +224,11 @@ class EpisodeWorkflow(Workflow):
                 **episode.env.metrics(),
                 **reward.metrics,
             },
-            info={"finish": episode.finish or "", **episode.env.info()},
+            info={"finish": episode.finish or "", **episode.env.info(), **reward.info},
             correct=reward.correct,
             model_version=episode.model_version,
             version_switches=episode.version_switches,
+            failure=failure,
         )
 
 

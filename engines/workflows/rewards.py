@@ -7,22 +7,28 @@ against the task's payload (which holds the reference ``answer``). Register more
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .registry import register_reward
+
+if TYPE_CHECKING:
+    from .auxiliary import WorkflowContext
 
 
 @dataclass(frozen=True, slots=True)
 class Reward:
     """A score. ``correct`` says whether the answer was right (accuracy metrics), independent of shaping terms
-    such as a format bonus; ``metrics`` are extra per-sample numbers (e.g. ``reward/format``)."""
+    such as a format bonus; ``metrics`` are extra per-sample numbers (e.g. ``reward/format``), ``info`` extra
+    strings (e.g. a judge's answer), both kept with the sample's experience."""
 
     value: float
     correct: bool = False
     metrics: dict[str, float] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, result: "Reward | float | int | bool") -> "Reward":
@@ -32,6 +38,35 @@ class Reward:
         if isinstance(result, (int, float)):
             return cls(float(result), correct=float(result) > 0)
         raise TypeError(f"a reward function must return a Reward or a number, got {type(result).__name__}")
+
+
+class RewardFailure(ValueError):
+    """A sample its reward could not score (a judge's answer with no score in it). The sample fails alone: it is
+    not trained on, and the request's result says why; it never gets a made-up 0. ``source`` names the reward
+    (``judge``), for the failure counters."""
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"{source}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
+class GroupReward(ABC):
+    """A reward that scores a task's samples together and may call the run's auxiliary models (an LLM judge).
+
+    Registered like a reward function (``@register_reward("name")``, on the class). ``build_workflow`` makes one
+    per task from the workflow's :class:`~.auxiliary.WorkflowContext` and the task's payload, so a model the run
+    does not have fails the task before anything is generated; :meth:`score_group` then scores all of its samples
+    in one go (one batched model call rather than one per sample)."""
+
+    def __init__(self, context: "WorkflowContext", payload: Mapping[str, Any]) -> None:
+        self.context = context
+
+    @abstractmethod
+    def score_group(self, prompt: str, responses: Sequence[str],
+                    payload: Mapping[str, Any]) -> list[Reward | RewardFailure]:
+        """Per response, its reward, or the :class:`RewardFailure` that says why it has none. ``prompt`` is what
+        the model was asked (the last user message)."""
 
 
 # A number as people write it: optional sign, thousands separators (1,000), decimals, or a fraction a/b.

@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from streamrft.engines.training.settings import TrainingSettings
 from streamrft.errors import ConfigError
 
+from .auxiliary import AuxiliaryModelConfig, DistillationConfig, JudgeConfig, check_auxiliary
 from .base import Section, explain
 from .deprecated import move_keys
 from .environment import read_environment
@@ -45,6 +46,11 @@ class RunConfig(Section):
     launch: LaunchConfig = LaunchConfig()
     limits: LimitsConfig = LimitsConfig()
     kubernetes: KubernetesConfig = KubernetesConfig()
+    auxiliary_models: dict[str, AuxiliaryModelConfig] = Field(
+        default_factory=dict, description="models beside the rollout model, by name: a judge, a teacher")
+    judge: JudgeConfig | None = Field(default=None, description="how reward_fn judge asks its model; none: the "
+                                                               "defaults, with the auxiliary model named judge")
+    distillation: DistillationConfig = DistillationConfig()
 
     model_config = Section.model_config | {"populate_by_name": True}
 
@@ -59,6 +65,12 @@ class RunConfig(Section):
         if value is not None and not all(c.isalnum() or c in "._-" for c in value):
             raise ValueError("topic_prefix may only contain letters, digits, '.', '_' and '-'")
         return value
+
+    @model_validator(mode="after")
+    def _auxiliary_models_agree(self) -> "RunConfig":
+        check_auxiliary(self.auxiliary_models, self.judge, self.distillation, self.rollout.engine,
+                        self.rollout.vllm.gpu_memory_utilization, self.trainer.algorithm.uses_teacher)
+        return self
 
     @model_validator(mode="after")
     def _roles_agree(self) -> "RunConfig":

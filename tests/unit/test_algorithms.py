@@ -23,7 +23,7 @@ from streamrft.engines.algorithms import (
 T = torch.tensor
 # The entries this file has a hand-computed example for; a new registry entry must be added here (with its test).
 COVERED = {
-    "advantage": {"grpo", "grpo_reward_to_go", "dr_grpo", "rloo", "reinforce_plus_plus"},
+    "advantage": {"grpo", "grpo_reward_to_go", "dr_grpo", "rloo", "reinforce_plus_plus", "distill"},
     "loss": {"ppo_clip", "decoupled_ppo", "gspo", "sft"},
     "kl": {"k1", "k2", "k3"},
     "agg": {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},
@@ -109,6 +109,15 @@ def test_reinforce_plus_plus_group_baseline():
     # outcome minus group mean: [0.5, -0.5]; whitened: mean 0, unbiased std sqrt(0.5)
     adv = ADVANTAGES.get("reinforce_plus_plus")(T([1.0, 0.0]), torch.ones(2, 1), ["g", "g"], group_baseline=True)
     close(adv, [[0.5 / math.sqrt(0.5)], [-0.5 / math.sqrt(0.5)]], atol=1e-4)
+
+
+def test_distill_is_the_teacher_minus_the_behaviour_logprob_on_trained_tokens():
+    behaviour = T([[-1.0, -2.0, -0.5], [-3.0, -0.1, 0.0]])
+    teacher = T([[-0.5, -4.0, -0.5], [-1.0, -0.2, -7.0]])
+    mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # row 2: one token, then an environment token, padding
+    got = ADVANTAGES.get("distill")(T([5.0, -5.0]), mask, ["a", "b"], teacher_logprobs=teacher,
+                                    behaviour_logprobs=behaviour)
+    close(got, [[0.5, -2.0, 0.0], [2.0, 0.0, 0.0]])  # rewards play no part; more on it in test_distillation.py
 
 
 # ----------------------------------------------------------------------------- policy losses

@@ -196,7 +196,7 @@ ALGORITHM_VALUES = {
     "advantage": "reinforce_plus_plus", "advantage_params": {"gamma": 0.9}, "policy_loss": "gspo", "clip_low": 0.1,
     "clip_high": 0.3, "loss_agg": "seq-mean-token-sum", "entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k2",
     "kl_penalty_coef": 0.02, "kl_penalty_estimator": "k3", "recompute_old_logprobs": False, "tis": True,
-    "tis_cap": 3.0, "mask_truncated": True,
+    "tis_cap": 3.0, "mask_truncated": True, "distill_coef": 0.5,
 }
 
 
@@ -207,7 +207,10 @@ def test_every_training_knob_is_settable_from_yaml_and_reaches_the_engine(tmp_pa
     assert settable == set(KNOB_VALUES) | set(ALGORITHM_VALUES), "give a new knob a value in this test"
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({"trainer": KNOB_VALUES | {"algorithm": ALGORITHM_VALUES},
-                                    "rollout": {"sampling": {"temperature": 0.7}}}))
+                                    "rollout": {"sampling": {"temperature": 0.7}},
+                                    # distill_coef trains on a teacher's logprobs: the run names its teacher
+                                    "auxiliary_models": {"teacher": {"model": "teacher-dir"}},
+                                    "distillation": {"teacher": "teacher"}}))
     settings = load_config(path, env={}).training_settings
     for key, value in (KNOB_VALUES | ALGORITHM_VALUES).items():
         assert getattr(settings, key) == (tuple(value) if isinstance(value, list) else value), key

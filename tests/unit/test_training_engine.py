@@ -109,7 +109,7 @@ def test_lr_schedule_warmup_cosine_hand_values():
 def test_settings_explain_bad_values():
     with pytest.raises(ValueError, match="total_steps"):
         TrainingSettings(lr_schedule="warmup_cosine", warmup_steps=10, total_steps=5)
-    with pytest.raises(ValueError, match="no advantage estimator is registered as 'gpro'; known: dr_grpo, grpo"):
+    with pytest.raises(ValueError, match="no advantage estimator is registered as 'gpro'; known: distill, dr_grpo"):
         TrainingSettings(advantage="gpro")
     with pytest.raises(ValueError, match="lr_shedule"):  # a misspelt knob is no silent default
         TrainingSettings(lr_shedule="warmup_cosine")
