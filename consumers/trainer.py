@@ -15,6 +15,13 @@ Each pass of the role loop (``RoleRuntime.run``: ``handle``, then the unit's com
 7. once that is committed, every ``save_interval`` steps checkpoint: model, optimiser, scheduler, step, the
    consumed offsets and the buffered-but-untrained experiences, written atomically.
 
+Supervised rows (``Experience.objective`` SFT / DPO, from ``streamrft data produce``) train in two ways. With
+``trainer.mix`` each RL batch gets its share of them from a second reader of ``experiences``
+(``supervised_stream.py`` says why a second one), outside the staleness bound and the advantages. In
+``explorer.mode: train`` there is no explorer: this reader takes the supervised rows itself, a batch is
+``train_batch_size`` rows of whole groups (a DPO pair is a group of two) in the order read, and the trainer stops
+at ``trainer.total_steps`` or, without it, once it has trained everything the topic held when it started.
+
 Resume loads the newest checkpoint, seeks to *its* offsets (not the group's committed ones) and restores its
 buffer, so nothing is trained twice or skipped; ``trained.jsonl`` in the checkpoint directory lists the eids of
 every step of the surviving lineage.
@@ -56,25 +63,29 @@ from streamrft.config import RunConfig
 from streamrft.engines.algorithms import apply_staleness
 from streamrft.engines.training import TrainingEngine, TrainingSettings
 from streamrft.engines.training.parallel import SingleProcess
+from streamrft.engines.training.supervised import pair_problem
 from streamrft.engines.training.ranks import RankZeroEngine
 from streamrft.errors import ConfigError
 from streamrft.kafka import KafkaClients
 from streamrft.kafka.consumer import Delivered, Offsets
+from streamrft.kafka.dlq import dead_letter
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
-from streamrft.schemas import Experience, RolloutKind, SingleObjectCodec, SyncKind, SyncSignal
+from streamrft.schemas import Experience, Objective, RolloutKind, SingleObjectCodec, SyncKind, SyncSignal
 from streamrft.schemas import InvalidRecordError
 from streamrft.validation import check_experience
 from .checkpoints import Checkpoints
 from .group_buffer import Group, GroupBuffer
 from .model_paths import resolve_model_path
 from .runtime import RoleRuntime
+from .supervised_stream import SupervisedStream
 from .unit_of_work import UnitOfWork
 from .weight_sync import CollectivePublisher, ObjectStorePublisher
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
+RELEASE_INTERVAL_S = 1.0
 PRIMARY = "trainer"  # the group whose weights the run's workers follow
 _EPOCH_MS_FROM = 10**12  # a --replay-from integer this large is epoch milliseconds (2001 on), not an offset
 
@@ -180,6 +191,17 @@ class Trainer:
         self.check = partial(check_experience, **fits_the_model)  # also for experiences restored from a checkpoint
         self.consumer = self.runtime.consumer("experiences", self.consumer_group, client_id=self.source,
                                               subscribe=False, check_options=fits_the_model)
+        self.mode = config.explorer.mode  # train: supervised rows alone, without an explorer
+        self.data: SupervisedStream | None = None  # trainer.mix: the reader of the supervised rows to mix in
+        if self.mode != "train" and self.settings.mix.active:
+            self.data = SupervisedStream(self.runtime.consumer(
+                "experiences", f"{self.consumer_group}.data", client_id=f"{self.source}-data", subscribe=False,
+                check_options=fits_the_model, dead_letters=False), self.source)
+        self._data_end: Offsets | None = None  # explorer.mode train: the topic's end when the trainer started
+        self._passed_over = 0  # experiences this trainer does not train (module docstring), counted and logged
+        self._mix_metrics: dict[str, float] = {}
+        self._released: Offsets = {}  # the offsets _release_passed_over committed last, and when
+        self._released_at = 0.0
         self.publisher = None
         if self.primary:
             method = self.settings.weights.method
@@ -230,7 +252,22 @@ class Trainer:
         if batch is not None:
             self._train(batch, unit)  # 4.-7.
             return self._more_to_train()
+        self._release_passed_over(unit)
         return not self._stream_finished()
+
+    def _release_passed_over(self, unit: UnitOfWork) -> None:
+        """Between steps, commit how far this reader has read past what it does not train (the supervised rows of
+        trainer.mix, often thousands written before the run): the explorer paces on this group's lag, and would
+        otherwise wait for a backlog this trainer never takes (at most once a second; it changes no position a
+        resume uses, which are the checkpoint's)."""
+        now = time.monotonic()
+        if now - self._released_at < RELEASE_INTERVAL_S:
+            return
+        self._released_at = now
+        offsets = self._trained_through()
+        if offsets != self._released:
+            self._released = offsets
+            unit.commit_offsets_after(self.consumer, offsets)
 
     def _more_to_train(self) -> bool:
         total = self.settings.total_steps
@@ -241,21 +278,45 @@ class Trainer:
         """Take in what is already fetched — up to the explorer's backlog bound, so the oldest step's groups
         are found even when partitions deliver out of step order — and wait briefly only when no batch is
         ready."""
-        ready = len(self.buffer.complete_groups()) >= self.groups_per_step
+        ready = self._batch_ready()
         if not (ready and len(self.buffer) >= self.buffer_cap):
             for item in self.consumer.poll(max_records=self.buffer_cap, timeout=0 if ready else POLL_S):
-                if item.record.kind != RolloutKind.TRAIN:
+                if item.record.kind != RolloutKind.TRAIN or not self._trains_here(item):
                     continue
                 if not self.buffer.add(item):
                     logger.warning("%s: duplicate experience %s at %s ignored", self.source, item.record.eid,
                                    item.where)
         self.g_buffered.set(len(self.buffer))
 
+    def _batch_ready(self) -> bool:
+        complete = self.buffer.complete_groups()
+        if self.mode == "train":
+            return sum(len(g.items) for g in complete) >= self.config.train_batch_size
+        return len(complete) >= self.groups_per_step
+
+    def _trains_here(self, item: Delivered[Experience]) -> bool:
+        """Whether this reader trains the record: RL experiences, or in explorer.mode train supervised ones. The
+        supervised rows of trainer.mix are the data reader's; anything else is passed over, counted and logged."""
+        supervised = item.record.objective != Objective.RL
+        if supervised == (self.mode == "train"):
+            return True
+        if not (supervised and self.data is not None):
+            self._passed_over += 1
+            if self._passed_over == 1 or self._passed_over % 1000 == 0:
+                why = ("explorer.mode train trains supervised rows only" if self.mode == "train" else
+                       "set trainer.mix to mix them into RL batches, or explorer.mode: train to train them alone")
+                logger.warning("%s: %d %s experience(s) passed over so far, %s at %s: %s", self.source,
+                               self._passed_over, item.record.objective.value, item.record.eid, item.where, why)
+        return False
+
     # 2. incomplete groups -------------------------------------------------------------------------------
     def _expire(self, now: float) -> None:
         expired = self.buffer.expired(now, self.settings.group_timeout_s)
         if expired:
             self._drop_incomplete(expired, f"still incomplete after {self.settings.group_timeout_s:.0f}s")
+        pairs = self.data.expired(now, self.settings.group_timeout_s) if self.data is not None else []
+        if pairs:  # already out of the data reader's pools
+            self._drop_incomplete(pairs, f"(DPO pairs missing a side) after {self.settings.group_timeout_s:.0f}s")
 
     def _drop_incomplete(self, groups: list[Group], why: str) -> None:
         count = sum(len(g.items) for g in groups)
@@ -268,6 +329,8 @@ class Trainer:
     # 3. batch -------------------------------------------------------------------------------------------
     def _next_batch(self) -> list[Group] | None:
         complete = self.buffer.complete_groups()
+        if self.mode == "train":
+            return self._supervised_batch(complete)
         if len(complete) >= self.groups_per_step:
             return complete[: self.groups_per_step]
         if complete and self._short_batch_allowed():
@@ -275,6 +338,27 @@ class Trainer:
                         self.source, self.step, len(complete), self.sync.explorer.finished_step)
             return complete
         return None
+
+    def _supervised_batch(self, complete: list[Group]) -> list[Group] | None:
+        """explorer.mode train: whole groups in the order read until the batch holds train_batch_size rows;
+        fewer once the data is read to its end."""
+        batch, rows = [], 0
+        for group in complete:
+            if rows >= self.config.train_batch_size:
+                break
+            batch.append(group)
+            rows += len(group.items)
+        if rows >= self.config.train_batch_size or (batch and self._read_to_data_end()):
+            return batch
+        return None
+
+    def _read_to_data_end(self) -> bool:
+        """explorer.mode train: this reader has reached where the topic ended when the trainer started (never,
+        with trainer.total_steps: then it trains data produced while it runs, until that step)."""
+        if self._data_end is None:
+            return False
+        positions = self.consumer.fetch_positions()
+        return all(positions.get(tp, 0) >= end for tp, end in self._data_end.items())
 
     def _short_batch_allowed(self) -> bool:
         """The explorer has finished every step in the buffer, all it wrote is read, and no group of those
@@ -294,8 +378,12 @@ class Trainer:
         return all(positions.get(tp, 0) >= end for tp, end in self._end_watch.ends.items())
 
     def _stream_finished(self) -> bool:
-        """The explorer is done and everything it produced is read (and trained, or dropped as incomplete)."""
-        if not self.sync.explorer.done or not self._read_everything_written():
+        """The explorer is done and everything it produced is read (and trained, or dropped as incomplete); in
+        explorer.mode train, the data is read to its end."""
+        if self.mode == "train":
+            if not self._read_to_data_end():
+                return False
+        elif not self.sync.explorer.done or not self._read_everything_written():
             return False
         leftovers = self.buffer.incomplete_groups()
         if leftovers:
@@ -304,37 +392,48 @@ class Trainer:
 
     # 4.-7. train, publish, commit, checkpoint -------------------------------------------------------------
     def _train(self, groups: list[Group], unit: UnitOfWork) -> None:
-        index, experiences = self.step, [exp for g in groups for exp in g.experiences]
+        index = self.step
+        self.buffer.remove(groups)
+        mixed_in = self._mixed_in(groups)  # trainer.mix: supervised groups from the data reader
+        supervised = self._pairs_only([g for g in groups + mixed_in if _objective(g) != Objective.RL], unit)
+        experiences = [exp for g in groups if _objective(g) == Objective.RL for exp in g.experiences]
+        rows = [exp for g in supervised for exp in g.experiences]  # data: no policy version, no staleness bound
         lags = [self.step - e.model_version for e in experiences]
         decision = apply_staleness(experiences, self.step, self.bound, self.settings.staleness_policy)
-        self.buffer.remove(groups)
         self._dropped_stale += decision.dropped
         if decision.dropped:
             self.c_dropped.labels("stale").inc(decision.dropped)
-        if not decision.kept:  # nothing to learn from: release the offsets; the counts go with the next step
+        if not decision.kept and not rows:  # nothing to learn from: release the offsets; counts go with the next step
             logger.warning("%s: all %d experiences of the batch are stale (weights v%d, bound %d); no step",
                            self.source, len(experiences), self.step, self.bound)
-            unit.commit_offsets_after(self.consumer, self._trained_through())
+            self._commit_offsets(unit)
             return
         started = time.monotonic()
-        metrics = self.engine.train_step(decision.kept, needs_correction=decision.needs_correction)  # 4.
+        metrics = self.engine.train_step(decision.kept + rows,  # 4.
+                                         needs_correction=decision.needs_correction + [False] * len(rows))
         train_s = time.monotonic() - started
         self.step += 1
-        self.trained += len(decision.kept)
-        self.c_trained.inc(len(decision.kept))
+        self.trained += len(decision.kept) + len(rows)
+        self.c_trained.inc(len(decision.kept) + len(rows))
         kept = {id(e) for e in decision.kept}
-        self.checkpoints.record(index, self.step, [e.eid for e in decision.kept],
+        self.checkpoints.record(index, self.step, [e.eid for e in decision.kept + rows],
                                 [e.eid for e in experiences if id(e) not in kept],
-                                staleness=[index - e.model_version for e in decision.kept])
+                                staleness=[index - e.model_version for e in decision.kept] + [0] * len(rows))
+        if lags:
+            metrics.update({
+                "trainer/staleness": sum(lags) / len(lags),
+                "trainer/staleness_max": float(max(lags)),
+                # experiences whose tokens span versions (rollout.weight_update: in_flight)
+                "trainer/spanning_versions": float(sum(e.newest_version != e.model_version for e in experiences)),
+            })
+        if self.data is not None:
+            metrics.update(self._mix_metrics)
         metrics.update({
             "trainer/dropped_stale": float(self._dropped_stale),
             "trainer/dropped_incomplete": float(self._dropped_incomplete),
-            "trainer/staleness": sum(lags) / len(lags),
-            "trainer/staleness_max": float(max(lags)),
-            # experiences whose tokens span versions (rollout.weight_update: in_flight)
-            "trainer/spanning_versions": float(sum(e.newest_version != e.model_version for e in experiences)),
+            "trainer/passed_over": float(self._passed_over),
             "trainer/groups": float(len(groups)),
-            "trainer/short_batch": float(len(groups) < self.groups_per_step),
+            "trainer/short_batch": float(self._short(groups)),
             "trainer/buffered": float(len(self.buffer)),
             "time/train_step": train_s,
         })
@@ -347,16 +446,66 @@ class Trainer:
                 metrics["weights/epoch"] = float(delivery.epoch)
                 metrics["weights/broadcast_failed"] = float(bool(delivery.failure))
         unit.metrics(index, metrics)  # 6.
-        unit.commit_offsets_after(self.consumer, self._trained_through())
+        self._commit_offsets(unit)
         unit.describe(f"step {index}")
         self.g_step.set(self.step)
         self.g_step_s.set(train_s)
         unit.after_commit(lambda: logger.info(
-            "%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), reward %.3f, loss %.4f, %.2fs",
-            self.source, index, index + 1, len(decision.kept), len(groups), decision.dropped,
-            metrics["actor/reward_mean"], metrics["actor/loss"], train_s))
+            "%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), %s, %.2fs", self.source, index,
+            index + 1, len(decision.kept) + len(rows), len(groups) + len(mixed_in), decision.dropped,
+            _losses(metrics), train_s))
         if self.step % self.settings.save_interval == 0:
             unit.after_commit(self._checkpoint)  # 7.
+
+    def _short(self, groups: list[Group]) -> bool:
+        if self.mode == "train":
+            return sum(len(g.items) for g in groups) < self.config.train_batch_size
+        return len(groups) < self.groups_per_step
+
+    def _mixed_in(self, groups: list[Group]) -> list[Group]:
+        """trainer.mix: the supervised groups that go with this batch's RL rows (their shares of the batch),
+        as many as the data reader has or can read now; a dry stream leaves the batch with fewer."""
+        if self.data is None:
+            return []
+        sft, dpo = self.settings.mix.supervised_groups(sum(len(g.items) for g in groups))
+        wanted = {objective: count for objective, count in ((Objective.SFT, sft), (Objective.DPO, dpo)) if count}
+        self.data.fill(wanted, lambda: self.clients.offsets(self.topic, "end"))
+        taken = self.data.take(wanted)
+        got = {o: sum(_objective(g) == o for g in taken) for o in (Objective.SFT, Objective.DPO)}
+        self._mix_metrics = {
+            "mix/sft_rows": float(sum(len(g.items) for g in taken if _objective(g) == Objective.SFT)),
+            "mix/sft_missing": float(sft - got[Objective.SFT]),
+            "mix/dpo_pairs": float(got[Objective.DPO]),
+            "mix/dpo_missing": float(dpo - got[Objective.DPO]),
+            "mix/pooled": float(len(self.data)),
+        }
+        return taken
+
+    def _pairs_only(self, groups: list[Group], unit: UnitOfWork) -> list[Group]:
+        """The groups fit to train: a DPO group whose records are not one preference pair (each record passed
+        its own check) is dead-lettered whole, with the reason."""
+        fit = []
+        for group in groups:
+            problem = pair_problem(group.experiences) if _objective(group) == Objective.DPO else None
+            if problem is None:
+                fit.append(group)
+                continue
+            logger.warning("%s: DPO group %s dead-lettered: %s", self.source, group.group_id, problem)
+            self.c_dropped.labels("bad-pair").inc(len(group.items))
+            for item in group.items.values():
+                unit.dead_letter(dead_letter(
+                    topic=item.topic, partition=item.partition, offset=item.offset,
+                    key=None if item.key is None else item.key.encode(), value=self.codec.encode(item.record),
+                    error=f"DPO group {group.group_id}: {problem}", reason="bad-pair", stage="process",
+                    group=self.consumer_group, original_headers=item.headers))
+        return fit
+
+    def _commit_offsets(self, unit: UnitOfWork) -> None:
+        """After the unit's transaction: each reader's trained-through offsets (the RL reader's pace the explorer)."""
+        unit.commit_offsets_after(self.consumer, self._trained_through())
+        if self.data is not None:
+            offsets = self.data.trained_through()
+            unit.after_commit(lambda: self.data.consumer.commit_offsets(offsets))
 
     def _publish_weights(self, unit: UnitOfWork) -> float:
         """Upload (or broadcast) the weights now; their signals go with the unit. Returns the seconds taken."""
@@ -384,15 +533,22 @@ class Trainer:
         if self.step == self.checkpointed_step:
             return  # that step's checkpoint is a consistent snapshot already; later reads are simply re-read
         started = time.monotonic()
+        pooled = self.data.items() if self.data is not None else []
         buffered = [{"topic": i.topic, "partition": i.partition, "offset": i.offset, "timestamp_ms": i.timestamp_ms,
-                     "value": self.codec.encode(i.record)} for i in self.buffer.items()]
+                     "value": self.codec.encode(i.record)} for i in self.buffer.items() + pooled]
         meta = {"group": self.consumer_group, "published_version": self.published_version,
-                "model_path": self.config.model.path}
+                "model_path": self.config.model.path, **self._data_meta()}
         path = self.checkpoints.save(self.step, self.engine.save_state if with_model else None,
                                      self.consumer.positions(), buffered, meta)
         self.checkpointed_step = self.step
         logger.info("%s: checkpoint %s (%d buffered) in %.1fs", self.source, path, len(buffered),
                     time.monotonic() - started)
+
+    def _data_meta(self) -> dict:
+        """What a checkpoint says of the data reader (trainer.mix): its positions, beside the RL reader's."""
+        if self.data is None:
+            return {}
+        return {"data_offsets": [[t, p, o] for (t, p), o in sorted(self.data.consumer.positions().items())]}
 
     def start(self, unit: UnitOfWork) -> None:
         """Catch up on ``sync``; resume from the newest checkpoint, or start a lineage at the replay point / the
@@ -410,6 +566,8 @@ class Trainer:
         else:
             offsets = self._origin(partitions)
         self.consumer.assign(offsets)
+        if self.mode == "train":
+            self._data_end = self._data_end_at_start()
         if self.publisher is not None:
             announcement = self.publisher.announcement()
             if announcement is not None:
@@ -423,6 +581,17 @@ class Trainer:
                                self.source, self.sync.version, self.sync.topic, self.step, self.sync.version)
         logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
                     self.source, self.step, self.consumer_group, len(self.buffer), self.bound, self.checkpoints.root)
+
+    def _data_end_at_start(self) -> Offsets | None:
+        """explorer.mode train without total_steps: the data to train is what the topic holds now."""
+        if self.settings.total_steps is not None:
+            return None
+        ends = self.clients.offsets(self.topic, "end")
+        if not any(ends.values()):
+            raise ConfigError(f"explorer.mode train: {self.topic} is empty, and without trainer.total_steps the "
+                              "trainer trains what the topic holds when it starts; produce the data first "
+                              "(streamrft data produce FILE --as sft|dpo) or set trainer.total_steps")
+        return ends
 
     def _resume(self, path: Path, partitions: Offsets) -> Offsets:
         checkpoint = self.checkpoints.load(path)
@@ -439,10 +608,17 @@ class Trainer:
                 logger.warning("%s: buffered experience %s from the checkpoint skipped: %s", self.source,
                                record.eid, exc)
                 continue
-            self.buffer.add(Delivered(record, entry["topic"], int(entry["partition"]), int(entry["offset"]),
-                                      record.group_id, int(entry.get("timestamp_ms", 0))), now)
+            item = Delivered(record, entry["topic"], int(entry["partition"]), int(entry["offset"]), record.group_id,
+                             int(entry.get("timestamp_ms", 0)))
+            if self.data is not None and record.objective != Objective.RL:
+                self.data.add(item, now)
+            elif self._trains_here(item):  # a checkpoint of another mode may hold what this one passes over
+                self.buffer.add(item, now)
         removed = self.checkpoints.truncate_audit(checkpoint.step)
         offsets = {tp: checkpoint.offsets.get(tp, low) for tp, low in partitions.items()}
+        if self.data is not None:
+            saved = {(t, int(p)): int(o) for t, p, o in checkpoint.meta.get("data_offsets", [])}
+            self._assign_data(partitions, saved or None)
         self.g_step.set(self.step)
         logger.info("%s: resuming from %s: %d steps done (weights v%d), %d buffered experience(s), %d audit "
                     "entr%s of lost steps removed", self.source, path, self.step, self.step, len(checkpoint.buffered),
@@ -462,15 +638,25 @@ class Trainer:
             offsets = {tp: max(committed.get(tp, low), low) for tp, low in partitions.items()}
             origin = "the group's committed offsets" if committed else "the beginning"
         self.checkpoints.truncate_audit(0)
+        if self.data is not None:
+            self._assign_data(partitions, offsets if self.replay is not None else None)
         self._checkpoint_origin(offsets)
         logger.info("%s: new lineage from %s: %s", self.source, origin,
                     ", ".join(f"[{p}]@{o}" for (_, p), o in sorted(offsets.items())))
         return offsets
 
+    def _assign_data(self, partitions: Offsets, offsets: Offsets | None) -> None:
+        """Start the data reader at ``offsets``, or where its group committed, or the beginning (a checkpoint
+        written before trainer.mix was set has none of its own)."""
+        if offsets is None:
+            committed = self.clients.committed(self.data.consumer.group_id, self.topic)
+            offsets = {tp: max(committed.get(tp, low), low) for tp, low in partitions.items()}
+        self.data.consumer.assign({tp: offsets.get(tp, low) for tp, low in partitions.items()})
+
     def _checkpoint_origin(self, offsets: Offsets) -> None:
         """Step 0: the starting offsets and the base model (no weights written)."""
         meta = {"group": self.consumer_group, "published_version": -1, "model_path": self.config.model.path,
-                "origin": True}
+                "origin": True, **self._data_meta()}
         self.checkpoints.save(0, None, offsets, [], meta)
         self.checkpointed_step = 0
 
@@ -488,3 +674,20 @@ class Trainer:
 
     def close(self) -> None:
         self.runtime.close()
+
+
+def _objective(group: Group) -> Objective:
+    """A group's objective (its records share one: a group is one task's samples, a conversation or a pair)."""
+    return next(iter(group.items.values())).record.objective
+
+
+def _losses(metrics: dict[str, float]) -> str:
+    """The step's losses for its log line: RL's (with the reward), SFT's, DPO's, whichever it trained."""
+    parts = []
+    if "actor/loss" in metrics:
+        parts.append(f"reward {metrics['actor/reward_mean']:.3f}, loss {metrics['actor/loss']:.4f}")
+    if "sft/loss" in metrics:
+        parts.append(f"sft loss {metrics['sft/loss']:.4f}")
+    if "dpo/loss" in metrics:
+        parts.append(f"dpo loss {metrics['dpo/loss']:.4f} (accuracy {metrics['dpo/accuracy']:.2f})")
+    return ", ".join(parts)

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "topics",
     "acls",
     "tasks",
+    "data",
     "tail",
     "model",
     "roles",

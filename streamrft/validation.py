@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, RolloutRequest, RolloutResult,
-                               SyncKind, SyncMethod, SyncSignal, Task, unpack_f32)
+from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, Objective, RolloutRequest,
+                               RolloutResult, SyncKind, SyncMethod, SyncSignal, Task, unpack_f32)
 
 MAX_ID_CHARS = 512  # task_id, request_id, group_id, eid: they are keys and appear in the explorer's state
 MAX_VERSION = 2**31 - 1  # weights versions and steps; anything above is a forged or corrupted record
@@ -113,6 +113,21 @@ def check_experience(experience: Experience, vocab_size: int | None = None, max_
         teacher = unpack_f32(e.teacher_logprobs)
         if not np.all(np.isfinite(teacher)) or np.any(teacher > 1e-3):
             _fail("bad-logprobs", f"{where}: teacher_logprobs must be finite and <= 0")
+    if e.objective != Objective.RL:
+        _check_supervised(e, where)
+
+
+def _check_supervised(e: Experience, where: str) -> None:
+    """An SFT or DPO record (``streamrft data produce``): something to train on, and a DPO record one side of a
+    pair (its group is the pair: group_size 2, run_index 0 the chosen response, 1 the rejected)."""
+    if e.objective == Objective.DPO and (e.group_size != 2 or e.run_index not in (0, 1)):
+        _fail("bad-pair", f"{where}: a DPO record is one side of a pair (group_size 2, run_index 0 chosen or 1 "
+                          f"rejected), not group_size {e.group_size}, run_index {e.run_index}")
+    if e.objective == Objective.SFT and e.group_size < 1:
+        _fail("out-of-range", f"{where}: an SFT record names its group's size (1 for a conversation of its own)")
+    if not e.action_mask_array.any():
+        _fail("no-trained-tokens", f"{where}: its action_mask trains no token ({e.objective.value} learns from the "
+                                   "assistant's tokens)")
 
 
 # -- results and metrics ----------------------------------------------------------------------------------------

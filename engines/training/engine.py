@@ -43,6 +43,7 @@ from .logprobs import response_logprobs
 from .parallel import SingleProcess
 from .schedule import build_scheduler
 from .settings import TrainingSettings
+from .supervised import ObjectiveSplit, train_mixed_step
 
 logger = logging.getLogger(__name__)
 
@@ -316,8 +317,9 @@ class TrainingEngine:
         batch.metrics = metrics
         return batch
 
-    def backward(self, batch: Batch) -> dict[str, float]:
-        """Accumulate gradients of the loss over ``batch`` in micro-batches; returns loss metrics.
+    def backward(self, batch: Batch, weight: float = 1.0) -> dict[str, float]:
+        """Accumulate gradients of ``weight`` × the loss over ``batch`` in micro-batches; returns loss metrics
+        (of the loss itself: ``weight`` is the RL rows' share of a step that also trains supervised rows).
 
         ``loss = agg(w·L_pg) − entropy_coef·agg(H) + kl_coef·agg(KL)`` where ``agg`` normalises by the counts of
         the whole ``batch`` — so micro-batching gives the same gradient as one pass, and so does spreading the
@@ -327,9 +329,7 @@ class TrainingEngine:
         if batch.advantages is None or batch.old_logprobs is None:
             raise RuntimeError("batch is not prepared: call TrainingEngine.prepare() first")
         s = self.settings
-        if not self._grads_pending:
-            self.optimizer.zero_grad(set_to_none=True)
-            self._grads_pending = True
+        self.begin_accumulation()
         norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
         ntok = max(norms["num_tokens"], 1.0)
         totals = dict.fromkeys(("loss", "pg_loss", "entropy_loss", "kl_loss"), 0.0)
@@ -341,7 +341,7 @@ class TrainingEngine:
             # DDP decides at the forward whether the backward all-reduces: once, after the last micro-batch
             with self.parallel.gradient_sync(self.train_model, last=k == len(micro_batches) - 1):
                 loss, largest_ratio = self._micro_batch_loss(micro.batch, norms, totals, sums)
-                (loss * self.parallel.loss_scale).backward()  # DDP/FSDP average the ranks' gradients; we sum
+                (loss * weight * self.parallel.loss_scale).backward()  # DDP/FSDP average the ranks' gradients; we sum
             ratio_max = max(ratio_max, largest_ratio)
         summed = self.parallel.sum([*totals.values(), *sums.values()])
         totals = dict(zip(totals, summed[: len(totals)]))
@@ -394,6 +394,13 @@ class TrainingEngine:
         sums["ratio"] += float((out.ratio * mask).sum())
         return loss, float(out.ratio[mask > 0].max()) if mask.any() else 0.0
 
+    def begin_accumulation(self) -> None:
+        """Zero the gradients, unless a backward since the last :meth:`apply_gradients` already holds some (every
+        backward of a step adds to the same gradients)."""
+        if not self._grads_pending:
+            self.optimizer.zero_grad(set_to_none=True)
+            self._grads_pending = True
+
     def apply_gradients(self) -> dict[str, float]:
         """Clip the accumulated gradients to ``max_grad_norm``, step AdamW and the lr schedule.
 
@@ -426,5 +433,9 @@ class TrainingEngine:
     def train_step(
         self, experiences: Sequence[Experience], needs_correction: Sequence[bool] | None = None
     ) -> dict[str, float]:
-        """One full step on complete groups of experiences: prepare + one optimiser step."""
+        """One full step on complete groups of experiences: prepare + one optimiser step. Supervised rows (SFT,
+        DPO) train beside the RL rows, each objective's loss weighted by its share of the rows (:mod:`.supervised`)."""
+        split = ObjectiveSplit.of(experiences, needs_correction)
+        if not split.only_rl:
+            return train_mixed_step(self, split)
         return self.optimizer_step(self.prepare(experiences, needs_correction))

@@ -54,7 +54,9 @@ class MicroBatch:
     padding: bool = False
 
 
-def _padding_row(batch: Batch) -> Batch:
+def padding_row(batch: Batch) -> Batch:
+    """One row of ``batch`` that trains nothing (zero mask and advantages): a rank's micro-batch when it has run
+    out of rows, so that it still enters every collective the other ranks do."""
     row = batch.select([0])
     zeros = torch.zeros_like(row.response_mask)
     return replace(row, response_mask=zeros, advantages=None if row.advantages is None else zeros.clone())
@@ -93,7 +95,7 @@ class SingleProcess:
             if chosen:
                 yield MicroBatch(chosen, batch.select(chosen))
             else:
-                yield MicroBatch([], _padding_row(batch), padding=True)
+                yield MicroBatch([], padding_row(batch), padding=True)
 
     def gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
         """``local`` holds this rank's rows (``len(self.rows(n))`` of them): the ``[n, ...]`` tensor of all."""

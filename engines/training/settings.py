@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ..algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, Registry
+from ..algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, PREFERENCE_LOSSES, Registry
 
 # Arguments every advantage function receives from the engine; ``advantage_params`` supplies the others.
 ADVANTAGE_INPUTS = ("rewards", "mask", "group_ids", "token_rewards")
@@ -39,6 +39,7 @@ AdvantageName = Annotated[str, _registered(ADVANTAGES)]
 PolicyLossName = Annotated[str, _registered(POLICY_LOSSES)]
 LossAggregationName = Annotated[str, _registered(LOSS_AGGREGATIONS)]
 KlEstimatorName = Annotated[str, _registered(KL_ESTIMATORS)]
+PreferenceLossName = Annotated[str, _registered(PREFERENCE_LOSSES)]
 
 
 class EngineSettings(BaseModel):
@@ -116,6 +117,13 @@ class AlgorithmSettings(EngineSettings):
                                 description="on-policy distillation beside the task reward: adds distill_coef × "
                                             "the distill advantage (teacher − behaviour logprob, per token) to "
                                             "the advantage; advantage: distill is distillation alone")
+    # Supervised experiences (objective SFT / DPO, ``streamrft data produce``): SFT rows always take the negative
+    # log-likelihood of their assistant tokens; DPO pairs take this loss against the reference logprobs their
+    # records carry (engines/training/supervised.py).
+    preference_loss: PreferenceLossName = Field(default="dpo", description="dpo (sigmoid) or ipo (squared); "
+                                                "plugins by the entry point streamrft.preference_losses")
+    dpo_beta: float = Field(default=0.1, gt=0, description="β of the preference loss: how far the policy may move "
+                                                          "from the reference (larger = less far)")
 
     @property
     def reweights_every_row(self) -> bool:

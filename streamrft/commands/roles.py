@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ..errors import ConfigError
 from ..lifecycle import StopSignal
 from .common import add_config_argument, config_from, open_run
 
@@ -60,7 +61,11 @@ def run_explorer(args: argparse.Namespace) -> int:
         state = explorer.run()
         return 0 if state.done or explorer.stop.requested else 1
 
-    return _run_role(args, Explorer, run)
+    config = config_from(args)
+    if config.explorer.mode == "train":
+        raise ConfigError("explorer.mode is train: this run has no explorer (its trainer trains supervised data "
+                          "alone); set explorer.mode: both to roll out tasks")
+    return _run_role(args, Explorer, run, config)
 
 
 def run_rollout(args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 
 1. start the embedded broker (its data under runs/<name>/kafka, kept for --resume) or use the configured
    cluster;  2. create the run's topics, and with ``broker.security`` on a principal per role with its ACLs
-   (``streamrft.principals``);  3. produce the config's task files (not on --resume);
-4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process;
+   (``streamrft.principals``);  3. produce the config's task files and data files (not on --resume);
+4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process (in
+   ``explorer.mode: train`` the trainer and the monitor only; in ``explore`` no trainer);
 5. show the live dashboard until the explorer and trainer finish; a role that dies stops the run with its
    traceback; Ctrl-C stops every role cleanly and leaves a run that `--resume` continues.
 """
@@ -54,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
         clients.ensure_topics()  # 2.
         credentials = cluster.principals(clients)
         if args.resume:
-            _check_resumable(clients)
+            _check_resumable(config, clients)
         else:
             _produce_task_files(config, clients)  # 3.
+            _produce_data_files(config, clients)
         processes = _role_processes(config, args, cluster.config.kafka.bootstrap_servers, run_dir, credentials)  # 4.
         try:
             return _supervise(config, clients, processes, run_dir, not args.no_dashboard)  # 5.
@@ -116,13 +118,16 @@ class _BrokerBootstrap:
         self.broker.stop()
 
 
-def _check_resumable(clients: KafkaClients) -> None:
-    tasks_topic = clients.config.topic("tasks")
-    if not any(report.records for report in clients.describe() if report.name == tasks_topic):
-        raise StreamrftError("the run has no tasks to resume; start it without --resume")
+def _check_resumable(config: RunConfig, clients: KafkaClients) -> None:
+    what = "experiences" if config.explorer.mode == "train" else "tasks"
+    topic = clients.config.topic(what)
+    if not any(report.records for report in clients.describe() if report.name == topic):
+        raise StreamrftError(f"the run has no {what} to resume; start it without --resume")
 
 
 def _produce_task_files(config: RunConfig, clients: KafkaClients) -> None:
+    if config.explorer.mode == "train":
+        return  # no explorer to read tasks
     if not config.launch.task_files:
         console.print("[yellow]launch.task_files is empty: inject tasks with `streamrft tasks produce`[/]")
         return
@@ -138,6 +143,26 @@ def _produce_task_files(config: RunConfig, clients: KafkaClients) -> None:
                 first = summary.rejected[0]
                 raise StreamrftError(f"{task_file.path}: {len(summary.rejected)} row(s) cannot become tasks "
                                      f"(first: line {first.line}: {first.reason}); fix the file")
+
+
+def _produce_data_files(config: RunConfig, clients: KafkaClients) -> None:
+    """launch.data_files -> supervised experiences (as ``streamrft data produce`` does); a row that cannot be
+    used stops the run before any role starts, as a bad task file does."""
+    from .data import produce_with_progress, supervised_items
+    from streamrft.producers.chat_rows import ChatMapping
+
+    if config.explorer.mode == "train" and not config.launch.data_files:
+        console.print("[yellow]launch.data_files is empty: produce the data with `streamrft data produce`[/]")
+    producer = clients.producer(client_id="launcher")
+    for data_file in config.launch.data_files:
+        with console.status(f"loading {config.model.path} for {data_file.path}"):
+            items = supervised_items(config, data_file.path, data_file.objective, ChatMapping.from_data_file(data_file))
+        summary = produce_with_progress(producer, config, data_file.path, items)
+        if summary.rejected:
+            first = summary.rejected[0]
+            raise StreamrftError(f"{data_file.path}: {len(summary.rejected)} row(s) cannot become "
+                                 f"{data_file.objective} experiences (first: line {first.line}: {first.reason}); fix "
+                                 "the file (`streamrft data produce --rejects FILE` lists every one)")
 
 
 # The roles share this machine's cores. OpenMP threads spin while they wait for work by default, so two torch
@@ -163,11 +188,14 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
         principal = {"STREAMRFT_KAFKA__CREDENTIALS_FILE": str(credentials[role])} if role in credentials else {}
         return {**role_environment(bootstrap), **principal, **extra}
 
-    processes = [RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer"))]
-    if config.explorer.mode == "both":  # explore mode runs without a trainer
+    mode = config.explorer.mode
+    processes = []
+    if mode != "train":  # train mode: the trainer alone on supervised experiences
+        processes.append(RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer")))
+    if mode != "explore":  # explore mode runs without a trainer
         processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env("trainer")))
     processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env("monitor")))
-    workers = config.launch.rollout_workers if args.workers is None else args.workers
+    workers = 0 if mode == "train" else config.launch.rollout_workers if args.workers is None else args.workers
     base = config.launch.rollout_metrics_port_base
     for i in range(workers):
         port = str(base + i if base else 0)

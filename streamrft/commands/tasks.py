@@ -41,7 +41,7 @@ def register(subparsers) -> None:
     produce.set_defaults(func=run_produce)
 
 
-def _check_writable(path: str) -> None:
+def check_writable(path: str) -> None:
     """Fail before producing anything rather than lose the rejected rows after the good ones went out."""
     try:
         Path(path).open("w").close()
@@ -69,7 +69,7 @@ def run_produce(args: argparse.Namespace) -> int:
                            reward_fn=args.reward_fn, repeat_times=args.repeat_times)
     topic = _topic_of(config, taskset)
     if args.rejects is not None:
-        _check_writable(args.rejects)
+        check_writable(args.rejects)
     with open_run(config) as clients:
         producer = clients.producer(client_id="task-producer")
         with Progress(TextColumn("[bold]producing {task.description}"), BarColumn(), MofNCompleteColumn(),

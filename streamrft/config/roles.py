@@ -56,11 +56,29 @@ class EvalTaskset(TaskFile):
     max_tasks: int | None = Field(default=None, ge=1)
 
 
+class DataFile(Section):
+    """A chat or preference file (JSONL, JSON array, CSV, Parquet) that ``streamrft run`` produces to
+    ``experiences`` as supervised experiences, as ``streamrft data produce FILE --as OBJECTIVE`` does."""
+
+    path: str
+    objective: Literal["sft", "dpo"] = Field(description="sft: conversations (messages, or prompt + completion); "
+                                                         "dpo: preference pairs (prompt, chosen, rejected)")
+    dataset: str | None = Field(default=None, description="prefix of the experiences' ids; default the file name")
+    messages_key: str = "messages"
+    prompt_key: str = "prompt"
+    completion_key: str = "completion"
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+
+
 class LaunchConfig(Section):
     """What ``streamrft run`` starts on this machine."""
 
     rollout_workers: int = Field(default=1, ge=0)
     task_files: tuple[TaskFile, ...] = ()
+    data_files: tuple[DataFile, ...] = Field(
+        default=(), description="supervised data produced to experiences before the roles start (trainer.mix, "
+                                "explorer.mode train)")
     rollout_metrics_port_base: int = Field(default=9110, ge=0,
                                            description="worker i exposes Prometheus on base + i (0 = any)")
     dashboard_refresh_s: float = Field(default=2.0, gt=0)
@@ -82,9 +100,11 @@ class ExplorerConfig(Section):
     total_epochs: int | None = Field(default=1, ge=1, description="passes over the tasks topic; null = stream")
     max_steps: int | None = Field(default=None, ge=1, description="explorer steps to publish; null = until the "
                                                                  "tasks run out (total_epochs)")
-    mode: Literal["both", "explore"] = Field(
+    mode: Literal["both", "explore", "train"] = Field(
         default="both", description="both: pace on a trainer (weights versions, its lag); explore: no trainer "
-                                    "(data generation, evaluation of a fixed model): never wait for one")
+                                    "(data generation, evaluation of a fixed model): never wait for one; train: "
+                                    "no explorer and no rollout workers, the trainer alone on the supervised "
+                                    "experiences (streamrft data produce) of experiences")
     max_inflight_steps: int = Field(
         default=1, ge=1, le=64,
         description="steps published whose results are still being collected; more than 1 lets the explorer run "
@@ -217,6 +237,41 @@ class WeightSyncConfig(Section):
                     "missed a broadcast or joined late loads it; none = it waits for the next broadcast")
 
 
+class MixConfig(Section):
+    """``trainer.mix``: the share of each RL batch's rows that are supervised experiences, by objective. The RL
+    rows are one explorer step's groups as always; ``{sft: 0.1}`` adds SFT rows until they are 10 % of the
+    batch (7 beside 64 RL rows). DPO rows come in pairs."""
+
+    sft: float = Field(default=0.0, ge=0, lt=1, description="share of a batch's rows that are SFT rows")
+    dpo: float = Field(default=0.0, ge=0, lt=1, description="share of a batch's rows that are DPO rows (pairs)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_objectives(cls, data):
+        unknown = sorted(set(data) - set(cls.model_fields)) if isinstance(data, dict) else []
+        if unknown:
+            raise ValueError(f"unknown objective(s) {', '.join(map(repr, unknown))}: trainer.mix takes sft and dpo "
+                             "(RL rows are the rest of the batch)")
+        return data
+
+    @model_validator(mode="after")
+    def _room_for_rl(self) -> "MixConfig":
+        if self.sft + self.dpo >= 1:
+            raise ValueError(f"sft + dpo is {self.sft + self.dpo:g}: the shares of supervised rows must leave room "
+                             "for the RL rows (sum below 1); for supervised data alone use explorer.mode: train")
+        return self
+
+    @property
+    def active(self) -> bool:
+        return self.sft > 0 or self.dpo > 0
+
+    def supervised_groups(self, rl_rows: int) -> tuple[int, int]:
+        """(SFT conversations, DPO pairs) beside ``rl_rows`` RL rows: each objective's share of the whole batch's
+        rows, ``share · rl_rows / (1 − sft − dpo)``, rounded (a conversation is a row, a pair two)."""
+        total = rl_rows / (1 - self.sft - self.dpo)
+        return round(self.sft * total), round(self.dpo * total / 2)
+
+
 class TrainerConfig(OptimizerSettings, Section):
     """``trainer``: the optimiser, schedule, batching and precision keys (lr, micro_batch_size, total_steps,
     mixed_precision, ...) are declared once, in :class:`streamrft.engines.training.settings.OptimizerSettings`;
@@ -240,6 +295,8 @@ class TrainerConfig(OptimizerSettings, Section):
     parallel: Literal["fsdp", "ddp"] = Field(
         default="fsdp", description="how several trainer processes split the model: fsdp = FSDP2 shards "
                                     "parameters, gradients and optimizer state; ddp = a full replica on each")
+    mix: MixConfig = Field(default=MixConfig(), description="supervised rows mixed into each RL batch, by "
+                                                            "objective (sft, dpo): their share of the batch's rows")
     metrics_port: int | None = 9103
 
     @field_validator("staleness_policy", mode="before")

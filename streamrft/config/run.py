@@ -100,6 +100,9 @@ class RunConfig(Section):
                 f"kubernetes.rollout_max_replicas ({wanted}) is more than topics.rollouts.partitions "
                 f"({partitions}): a rollout worker beyond the partition count gets no work; raise the partitions "
                 "or lower the replicas")
+        if explorer.mode == "train" and trainer.mix.active:
+            raise ValueError("trainer.mix shares supervised rows into RL batches; explorer.mode train has no RL rows "
+                             "(its batches are all supervised, in the order produced): remove trainer.mix")
         if explorer.eval_interval is not None and not explorer.eval_tasksets:
             raise ValueError("explorer.eval_interval is set but explorer.eval_tasksets is empty; add a taskset "
                              "or remove eval_interval")

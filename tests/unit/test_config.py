@@ -196,7 +196,7 @@ ALGORITHM_VALUES = {
     "advantage": "reinforce_plus_plus", "advantage_params": {"gamma": 0.9}, "policy_loss": "gspo", "clip_low": 0.1,
     "clip_high": 0.3, "loss_agg": "seq-mean-token-sum", "entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k2",
     "kl_penalty_coef": 0.02, "kl_penalty_estimator": "k3", "recompute_old_logprobs": False, "tis": True,
-    "tis_cap": 3.0, "mask_truncated": True, "distill_coef": 0.5,
+    "tis_cap": 3.0, "mask_truncated": True, "distill_coef": 0.5, "preference_loss": "ipo", "dpo_beta": 0.2,
 }
 
 
