@@ -20,6 +20,10 @@ exactly the unfinished ones. A rebalance that takes a partition away drops its u
 next owner redoes them). ``rollout.batching: batch`` takes ``requests_per_batch`` requests at a time and commits
 them together once all are done (the engine idles while the slowest finishes).
 
+Auxiliary models (``auxiliary_models``: a judge, a teacher) are built beside the engine (``consumers/auxiliary.py``)
+and attached to the core's workflow pool, whose thread drives them too; a sample its reward could not score (a
+judge's answer without a score) is no experience, and the request's result names it.
+
 Requests are checked where they are read (``streamrft.validation.check_request``): a bad one goes to
 ``rollouts.dlq`` once and the worker goes on. Between requests the worker follows ``sync`` through its
 ``WeightFollower``, which loads only weights this run's trainer published.
@@ -392,7 +396,9 @@ class RolloutWorker:
         logger.info("%s: stopped after %d request(s)", self.worker_id, self.handled)
 
 
-def _failures_text(failures: list, total: int) -> str:
-    """What a result's ``error`` says of the samples their reward could not score."""
-    listed = "; ".join(f"sample {index}: {failure}" for index, failure in failures)
-    return f"{len(failures)} of {total} sample(s) not scored, so not trained on: {listed}"
+def _failures_text(failures: list, total: int, shown: int = 5) -> str:
+    """What a result's ``error`` says of the samples their reward could not score (the first ``shown`` of them:
+    the text stays well inside what a result keeps)."""
+    listed = "; ".join(f"sample {index}: {failure}" for index, failure in failures[:shown])
+    more = f"; and {len(failures) - shown} more" if len(failures) > shown else ""
+    return f"{len(failures)} of {total} sample(s) not scored, so not trained on: {listed}{more}"
