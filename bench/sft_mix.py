@@ -153,8 +153,9 @@ def step_cost(repeats: int = 3) -> int:
     rl = []
     for g in range(8):
         a, b = rng.randint(1, 20), rng.randint(1, 20)
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}],
-                                               add_generation_prompt=True)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": f"What is {a} + {b}?"}],
+                                             add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         for k in range(8):
             response = [rng.randrange(100, 20000) for _ in range(48)]
             rl.append(Experience(eid=f"g{g}/{k}", group_id=f"g{g}", task_id=f"g{g}", step=0, kind=RolloutKind.TRAIN,
