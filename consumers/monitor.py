@@ -45,7 +45,8 @@ TENSORBOARD_DIR = "tensorboard"
 LONG_COLUMNS = ("step", "role", "source", "name", "value", "created_at")
 # Which metrics become columns of steps.csv: role -> name prefixes.
 STEP_COLUMNS: dict[str, tuple[str, ...]] = {"explorer": ("rollout/", "time/", "eval/"),
-                                             "trainer": ("actor/", "trainer/")}
+                                             "trainer": ("actor/", "trainer/", "sft/", "dpo/", "mix/",
+                                                         "distill/")}
 PROMETHEUS_PREFIX = "streamrft_"
 STEP_GAUGE = "streamrft_metric_step"
 

@@ -188,14 +188,14 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
         principal = {"STREAMRFT_KAFKA__CREDENTIALS_FILE": str(credentials[role])} if role in credentials else {}
         return {**role_environment(bootstrap), **principal, **extra}
 
-    mode = config.explorer.mode
+    roles = config.explorer.roles  # explore mode: no trainer; train mode: the trainer alone
     processes = []
-    if mode != "train":  # train mode: the trainer alone on supervised experiences
+    if "explorer" in roles:
         processes.append(RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer")))
-    if mode != "explore":  # explore mode runs without a trainer
+    if "trainer" in roles:
         processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env("trainer")))
     processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env("monitor")))
-    workers = 0 if mode == "train" else config.launch.rollout_workers if args.workers is None else args.workers
+    workers = 0 if "rollout" not in roles else config.launch.rollout_workers if args.workers is None else args.workers
     base = config.launch.rollout_metrics_port_base
     for i in range(workers):
         port = str(base + i if base else 0)

@@ -133,6 +133,13 @@ class ExplorerConfig(Section):
         return self
 
     @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles a run of this mode has: ``both`` all of them; ``explore`` no trainer; ``train`` the trainer
+        (and the monitor) alone, on supervised experiences."""
+        return {"both": ("explorer", "rollout", "trainer", "monitor"), "explore": ("explorer", "rollout", "monitor"),
+                "train": ("trainer", "monitor")}[self.mode]
+
+    @property
     def min_results(self) -> int:
         """Results needed to finish a step (over-rollout lets the explorer stop waiting for the rest)."""
         import math
