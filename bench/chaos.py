@@ -1,5 +1,6 @@
-"""Chaos: a whole run (explorer, rollout workers, trainer as real `streamrft` processes on an embedded broker) while
-a seeded schedule SIGKILLs them and restarts the broker, then a check of what the topics and the audit say.
+"""Chaos: a whole run (explorer, rollout workers, trainer as real `streamrft` processes on an embedded broker, or
+with ``--nodes 3`` on a replicated 3-node cluster) while a seeded schedule SIGKILLs them and the brokers, then a
+check of what the topics and the audit say.
 
 Modelled on Kafka's own transactions system test. The run: ``--steps`` steps of ``batch_size`` tasks (total_epochs
 1, so the explorer is done after the last task), the fake inference engine, a tiny random model trained on CPU,
@@ -11,11 +12,21 @@ id (its transactional id fences the dead one's open transaction) or, by coin tos
 transaction then holds read_committed readers until ``rollout.transaction_timeout_ms``). A role that exits by
 itself is a *crash*: recorded with its log tail and restarted (too many and the run is aborted).
 
-The broker restart: SIGKILL of the JVM, a pause, a new JVM on the same data dir. `streamrft broker start` picks
-free ports at every start, so through the CLI a restarted broker comes back on a new address and every role has
-to be restarted with it. This harness pins the ports instead (``PinnedPortBroker``) so the roles ride the outage
-on their reconnecting clients, which is the interesting case; if the old port cannot be bound again it falls back
-to new ports and restarts every role with the new address (reported as ``broker same port: no``).
+The broker restart (one node): SIGKILL of the JVM, a pause, a new JVM on the same data dir and the same ports
+(``EmbeddedBroker.start_node``), so the roles ride the outage on their reconnecting clients, which is the
+interesting case; if the old port cannot be bound again it falls back to new ports and restarts every role with
+the new address (reported as ``broker same port: no``).
+
+On a cluster (``--nodes 3``, every topic replicated 3 times, min.insync.replicas 2) the broker actions are, one per
+round and one at a time (the next waits until every replica is back in sync, so the quorum and two in-sync
+replicas are always kept): SIGKILL of a random node, which comes back with an empty disk; of the active KRaft
+controller; of the leader of ``experiences``' busiest partition; of the transaction coordinator of a live worker;
+and a rolling restart of all three (SIGTERM, each node back in sync before the next, the controller last). A
+killed node is down ``--broker-down-s``. For each action the report gives the time until the cluster was whole
+again and what it cost the loop: the longest gap between results becoming visible to a read_committed reader
+(the explorer's view) from the action until MEASURE_TAIL_S after the cluster healed, beside the run's median gap.
+So that this cost is the action's own, a broker action begins only on a settled loop (no role restarted in the
+last SETTLE_S) and no role is killed while it is measured.
 
 Invariants, checked at the end from read_committed reads of every topic and from the trainer's audit:
 
@@ -40,7 +51,7 @@ Prints kills, restarts, crashes, records by kind, duplicates and lost (both must
 invariant fails, with the offending ids. Role logs: ``OUT/logs/<role>-<lifetime>.log``; figures: ``OUT/chaos.json``.
 
 Usage: python bench/chaos.py [--seed 0] [--steps 30] [--workers 3] [--kill-every-s 8] [--duration-s S]
-                             [--rounds N] [--out runs/chaos-<seed>]
+                             [--rounds N] [--nodes 3] [--out runs/chaos-<seed>]
 """
 from __future__ import annotations
 
@@ -52,8 +63,10 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
@@ -66,6 +79,7 @@ from rich.table import Table
 
 from streamrft.broker import EmbeddedBroker
 from streamrft.config import load_config
+from streamrft.errors import BrokerError
 from streamrft.kafka import KafkaClients
 from streamrft.kafka.reader import read_to_end
 from streamrft.schemas import (Experience, Metric, RolloutKind, RolloutRequest, RolloutResult, RolloutStatus,
@@ -75,9 +89,16 @@ console = Console(stderr=True)
 
 RUN_NAME = "chaos"
 ROLES = ("worker", "explorer", "trainer")
+# what a round does to the brokers: one node restarted; on a cluster each of these once (see the docstring)
+SINGLE_NODE_ACTIONS = ("broker",)
+CLUSTER_ACTIONS = ("random-empty-disk", "controller", "experiences-leader", "coordinator", "rolling-restart")
 STEP_DONE = re.compile(r"step (\d+) done")  # the explorer's log line at the end of each step
 MAX_CRASHES_PER_ROLE = 8  # a role that dies by itself more often than this is crash-looping: abort the run
 STOP_GRACE_S = 20.0
+# on a cluster, a broker action begins only when no role was (re)started for this long, and no role is killed until
+# MEASURE_TAIL_S after the cluster healed: what each broker action cost the loop is then its own
+SETTLE_S = 10.0
+MEASURE_TAIL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -90,8 +111,13 @@ class ChaosSettings:
     duration_s: float | None = None  # chaos window; None = until the explorer nears the end
     tail_steps: int = 3  # the last steps run without kills, so the run can finish
     rounds: int | None = None  # rounds of kills (one of each role per round); None = until the window ends
-    broker_restarts: int = 1
+    broker_restarts: int = 1  # one node: restarts of the broker
     broker_down_s: float = 3.0
+    nodes: int = 1
+    heap: str = "384m"  # per broker node
+    role_deck: tuple[str, ...] = ROLES  # the roles killed each round
+    broker_deck: tuple[str, ...] | None = None  # the cluster's broker actions (None: CLUSTER_ACTIONS)
+    session_timeout_ms: int | None = None  # the roles' consumers' session.timeout.ms (None: the client layer's)
     batch_size: int = 4
     repeat_times: int = 2
     fake_latency_s: float = 0.1  # per sample: a worker batch takes ~0.4 s, so some kills land inside one
@@ -104,21 +130,6 @@ class ChaosSettings:
 # ---------------------------------------------------------------------------------------------------------------
 # the broker and the role processes
 # ---------------------------------------------------------------------------------------------------------------
-class PinnedPortBroker(EmbeddedBroker):
-    """The embedded broker, restartable on the address it had. EmbeddedBroker picks two free ports at every
-    start; given ``ports`` (client, controller) this one writes those instead, so clients that keep reconnecting
-    to the old address find the restarted broker. A port that cannot be bound makes start() fail."""
-
-    def __init__(self, *args, ports: tuple[int, int] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.pinned = ports
-        self.ports: tuple[int, int] | None = None
-
-    def _write_config(self, port: int, controller_port: int) -> None:
-        self.ports = self.pinned or (port, controller_port)
-        super()._write_config(*self.ports)
-
-
 @dataclass
 class Crash:
     role: str
@@ -140,15 +151,22 @@ class RoleProcess:
         self.finished = False  # exited 0 at the end of the run (explorer done, trainer drained)
         self.restart_at: float | None = None
         self.exited_at: float | None = None  # when the harness first saw this lifetime dead
+        self.started_at: float | None = None
 
     @property
     def log_path(self) -> Path:
         return self.logs / f"{self.name}-{self.lifetime}.log"
 
+    @property
+    def worker_id(self) -> str | None:
+        """A worker's id (its transactional id is ``<run>.rollout.<worker id>``)."""
+        return self.argv[self.argv.index("--worker-id") + 1] if "--worker-id" in self.argv else None
+
     def start(self, env: dict[str, str], argv: list[str] | None = None) -> None:
         self.argv = argv or self.argv
         self.lifetime += 1
         self.restart_at = self.exited_at = None
+        self.started_at = time.monotonic()
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=env, cwd=self.cwd, start_new_session=True)
@@ -215,28 +233,41 @@ def _killpg(pid: int, sig: int) -> None:
 # the schedule
 # ---------------------------------------------------------------------------------------------------------------
 class Schedule:
-    """Seeded chaos actions: rounds of a shuffled [worker, explorer, trainer], the broker after the first round;
-    None once ``rounds`` rounds (None: no limit) and the broker restarts are spent."""
+    """Seeded chaos actions: rounds of the shuffled role deck, and after each round the next broker action (until
+    they are spent); None once ``rounds`` rounds (None: no limit) and the broker actions are dealt."""
 
-    def __init__(self, rng: random.Random, broker_restarts: int, rounds: int | None):
+    def __init__(self, rng: random.Random, role_deck: tuple[str, ...], broker_actions: list[str],
+                 rounds: int | None):
         self.rng = rng
-        self.broker_left = broker_restarts
+        self.role_deck = role_deck
+        self.broker_actions = list(broker_actions)
         self.rounds_left = rounds
         self.deck: list[str] = []
         self.dealt = 0
+        self._broker_dealt = True  # this round's broker action (none before the first round)
 
     def next_action(self) -> str | None:
         if not self.deck:
-            if self.dealt >= 1 and self.broker_left:
-                self.broker_left -= 1
-                return "broker"
+            if not self._broker_dealt and self.broker_actions:
+                self._broker_dealt = True
+                return self.broker_actions.pop(0)
             if self.rounds_left is not None:
                 if self.rounds_left == 0:
                     return None
                 self.rounds_left -= 1
             self.dealt += 1
-            self.deck = self.rng.sample(ROLES, len(ROLES))
+            self._broker_dealt = False
+            self.deck = self.rng.sample(self.role_deck, len(self.role_deck))
         return self.deck.pop()
+
+    def defer(self, action: str) -> None:
+        """Deal ``action`` again next time (its target was not ready: a role being restarted, a broker action
+        still healing)."""
+        if action in self.role_deck:
+            self.deck.append(action)
+        else:
+            self.broker_actions.insert(0, action)
+            self._broker_dealt = False
 
     def next_delay(self, every_s: float) -> float:
         return every_s * self.rng.uniform(0.5, 1.5)
@@ -256,14 +287,32 @@ class TrainerLifetime:
 
 
 @dataclass
+class BrokerAction:
+    """One broker action on a cluster and what it cost (times are time.monotonic())."""
+
+    name: str
+    nodes: list[int]  # the nodes it took down, in order
+    began: float  # the first node went down
+    healed: float | None = None  # every replica back in sync
+    note: str = ""  # why that node: "controller", "leader of rft.chaos.experiences[1]", ...
+    loop_stall_s: float | None = None  # the longest gap between visible results from `began` on (ResultsProbe)
+
+    @property
+    def heal_s(self) -> float | None:
+        return None if self.healed is None else self.healed - self.began
+
+
+@dataclass
 class Chaos:
     """What the harness did, for the report."""
 
     kills: Counter = field(default_factory=Counter)
     restarts: Counter = field(default_factory=Counter)  # restarts after a kill or crash, by role kind
     crashes: list[Crash] = field(default_factory=list)
-    broker_restarts: int = 0
+    broker_restarts: int = 0  # broker nodes started again (after a SIGKILL or in a rolling restart)
     broker_same_port: bool | None = None
+    broker_actions: list[BrokerAction] = field(default_factory=list)  # on a cluster
+    results_median_gap_s: float | None = None  # the loop's pace when undisturbed, to read the stalls against
     fresh_worker_ids: int = 0
     trainer_lifetimes: list[TrainerLifetime] = field(default_factory=list)
     events: list[str] = field(default_factory=list)  # "t=12.3s step 4: SIGKILL w1#2", for the summary
@@ -279,10 +328,17 @@ class ChaosRun:
         self.s = settings
         self.out = Path(settings.out).resolve()
         self.rng = random.Random(settings.seed)
-        self.schedule = Schedule(random.Random(settings.seed + 1), settings.broker_restarts, settings.rounds)
+        if settings.nodes == 1:
+            broker_actions = list(SINGLE_NODE_ACTIONS) * settings.broker_restarts
+        else:
+            broker_actions = list(settings.broker_deck or CLUSTER_ACTIONS)
+        self.schedule = Schedule(random.Random(settings.seed + 1), settings.role_deck, broker_actions,
+                                 settings.rounds)
         self.chaos = Chaos()
         self.began = time.monotonic()
-        self.broker: PinnedPortBroker | None = None
+        self.broker: EmbeddedBroker | None = None
+        self.cluster_chaos: ClusterChaos | None = None
+        self.probe: ResultsProbe | None = None
         self.roles: dict[str, RoleProcess] = {}
         self.config_path = self.out / "run.yaml"
         self.logs = self.out / "logs"
@@ -316,6 +372,8 @@ class ChaosRun:
             "trainer": {"lr": 1e-3, "micro_batch_size": 8, "save_interval": s.save_interval, "device": "cpu",
                         "checkpoint_dir": str(self.out / "checkpoints"), "metrics_port": None},
             "monitor": {"output_dir": str(self.out / "run"), "metrics_port": None, "tensorboard": False},
+            "broker": {"nodes": s.nodes, "heap": s.heap},
+            "kafka": {"consumer": {"session.timeout.ms": s.session_timeout_ms} if s.session_timeout_ms else {}},
             # more rollout partitions than workers, so a rebalance after a kill moves several
             "topics": {"rollouts": {"partitions": 2 * s.workers}, "experiences": {"partitions": 2}},
         }
@@ -338,12 +396,14 @@ class ChaosRun:
     def _cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "streamrft.cli", *args]
 
-    def start_broker(self, ports: tuple[int, int] | None = None) -> None:
-        self.broker = PinnedPortBroker(load_config(self.config_path, env={}).broker, data_dir=self.out / "kafka",
-                                       keep_data=True, ports=ports)
-        with console.status("starting the broker…"):
+    def start_broker(self) -> None:
+        self.broker = EmbeddedBroker(load_config(self.config_path, env={}).broker, data_dir=self.out / "kafka",
+                                     keep_data=True)
+        with console.status(f"starting the {'broker' if self.s.nodes == 1 else f'{self.s.nodes}-node cluster'}…"):
             self.broker.start()
-        console.print(f"broker at {self.broker.bootstrap_servers} (data {self.broker.data_dir})")
+        console.print(f"{self.broker.kind} at {self.broker.bootstrap_servers} (data {self.broker.data_dir})")
+        if self.s.nodes > 1:
+            self.cluster_chaos = ClusterChaos(self)
 
     def run_cli(self, what: str, *args: str, timeout: float = 180) -> None:
         with console.status(f"{what}…"):
@@ -360,6 +420,8 @@ class ChaosRun:
             name = f"w{i}"
             self.roles[name] = RoleProcess(name, "worker", self._worker_argv(name), self.logs, self.out)
         self.roles["explorer"] = RoleProcess("explorer", "explorer", self._cli("explorer", cfg), self.logs, self.out)
+        if self.s.nodes > 1:  # a clock for what each broker action costs the loop
+            self.probe = ResultsProbe(self).start()
         for role in self.roles.values():
             role.start(self._env())
 
@@ -407,7 +469,7 @@ class ChaosRun:
     def _stalled(self, idle_s: float) -> None:
         """No step for ``stall_s``: record where every live role is stuck (its stacks, in its log) and stop."""
         self.chaos.aborted = f"stalled: no step finished for {idle_s:.0f} s after step {self.chaos.steps_done - 1}"
-        self._event(self.chaos.aborted + "; stacks of the live roles in their logs")
+        self.event(self.chaos.aborted + "; stacks of the live roles in their logs")
         for role in self.roles.values():
             if role.alive():
                 self.chaos.stacks.append(str(role.log_path))
@@ -430,6 +492,8 @@ class ChaosRun:
 
     def _supervise(self) -> None:
         """Restart what is due; record a role that died by itself as a crash and schedule its restart."""
+        if self.cluster_chaos is not None:
+            self.cluster_chaos.check()
         now = time.monotonic()
         # the explorer first: the trainer's exit 0 is only an end once the explorer has ended
         for role in sorted(self.roles.values(), key=lambda r: r.kind != "explorer"):
@@ -449,7 +513,7 @@ class ChaosRun:
                     continue
             crash = Crash(role.name, role.lifetime, role.returncode, str(role.log_path), role.log_tail(12))
             self.chaos.crashes.append(crash)
-            self._event(f"{role.name}#{role.lifetime} exited by itself (code {crash.exit_code})")
+            self.event(f"{role.name}#{role.lifetime} exited by itself (code {crash.exit_code})")
             console.print(f"[red]{role.name} exited by itself (code {crash.exit_code}, lifetime {role.lifetime});"
                           f" log {crash.log}:[/]\n{crash.tail}")
             if sum(c.role == role.name for c in self.chaos.crashes) > MAX_CRASHES_PER_ROLE:
@@ -484,6 +548,16 @@ class ChaosRun:
         if action == "broker":
             self._restart_broker()
             return
+        if action in CLUSTER_ACTIONS:
+            # one at a time (the last one is still healing), and only on a calm loop, so what it costs is its own
+            if self.cluster_chaos.busy() or not self._roles_settled():
+                self.schedule.defer(action)
+            else:
+                self.cluster_chaos.begin(action)
+            return
+        if self.cluster_chaos is not None and self.cluster_chaos.measuring():
+            self.schedule.defer(action)  # a broker action's cost is still being measured
+            return
         if action == "worker":
             candidates = [r for r in self.roles.values() if r.kind == "worker" and r.alive()]
         else:
@@ -494,12 +568,18 @@ class ChaosRun:
         role = self.rng.choice(candidates)
         role.kill()
         self.chaos.kills[action] += 1
-        self._event(f"SIGKILL {role.name}#{role.lifetime}")
+        self.event(f"SIGKILL {role.name}#{role.lifetime}")
         if role.kind == "trainer":
             self._snapshot_trainer(role, "killed")
         role.restart_at = time.monotonic() + self.rng.uniform(0.5, 3.0)
 
-    def _event(self, what: str) -> None:
+    def _roles_settled(self) -> bool:
+        """Every role is up and none was (re)started in the last SETTLE_S (a trainer takes seconds to load)."""
+        now = time.monotonic()
+        return all(role.finished or (role.alive() and now - role.started_at >= SETTLE_S)
+                   for role in self.roles.values())
+
+    def event(self, what: str) -> None:
         line = f"t={time.monotonic() - self.began:.1f}s step {self.chaos.steps_done}: {what}"
         self.chaos.events.append(line)
         console.print(f"[magenta]{line}")
@@ -516,18 +596,18 @@ class ChaosRun:
             shutil.copy(checkpoints.audit_path, self.logs / f"trained-lifetime-{role.lifetime}.jsonl")
 
     def _restart_broker(self) -> None:
-        ports = self.broker.ports
-        self._event(f"SIGKILL broker (pid {self.broker.pid})")
-        _killpg(self.broker.pid, signal.SIGKILL)
-        self.broker.stop(timeout=0)  # reaps the dead JVM and its watchdog; keep_data: the data stays
+        """One node: SIGKILL, a pause, back on its data dir and its ports."""
+        self.event(f"SIGKILL broker (pid {self.broker.pid})")
+        self.broker.kill_node(1)  # reaps the dead JVM and its watchdog; keep_data: the data stays
         self.chaos.kills["broker"] += 1
         time.sleep(self.s.broker_down_s)
         try:
-            self.start_broker(ports)
+            self.broker.start_node(1)
             self.chaos.broker_same_port = True
-            self._event(f"broker back on {self.bootstrap}")
-        except Exception as exc:  # the old port was taken meanwhile: new address, so every role must restart
-            console.print(f"[yellow]broker could not come back on {ports}: {exc}; new ports, restarting all roles")
+            self.event(f"broker back on {self.bootstrap}")
+        except BrokerError as exc:  # the old port was taken meanwhile: new address, so every role must restart
+            console.print(f"[yellow]broker could not come back on {self.bootstrap}: {exc}; new ports, restarting "
+                          "all roles")
             self.broker.stop(timeout=0)
             self.start_broker()
             self.chaos.broker_same_port = False
@@ -544,18 +624,191 @@ class ChaosRun:
             for role in self.roles.values():
                 if role.kind == "worker" and not role.terminate():
                     self.chaos.stacks.append(str(role.log_path))
-                    self._event(f"{role.name}#{role.lifetime} hung at stop (stacks in its log)")
+                    self.event(f"{role.name}#{role.lifetime} hung at stop (stacks in its log)")
+
+    def measure_stalls(self) -> None:
+        """What each broker action cost the loop: the longest wait for a visible result from the moment it began
+        until MEASURE_TAIL_S after the cluster was whole again."""
+        if self.probe is None:
+            return
+        self.probe.stop()
+        if self.probe.error is not None:
+            self.event(f"the results probe failed, so the loop's stalls are unknown: {self.probe.error!r}")
+            return
+        self.chaos.results_median_gap_s = self.probe.median_gap()
+        for action in self.chaos.broker_actions:
+            until = (action.healed if action.healed is not None else action.began + 60) + MEASURE_TAIL_S
+            action.loop_stall_s = self.probe.longest_gap(action.began, until)
+
+    def settle_brokers(self) -> None:
+        """Before the checks: the broker action in flight, if any, is over and the cluster whole again."""
+        if self.cluster_chaos is not None:
+            with console.status("waiting for the cluster to heal…"):
+                self.cluster_chaos.join()
+                self.broker.wait_in_sync()
 
     def kill_everything(self) -> None:
         for role in self.roles.values():
             if role.alive():
                 role.kill()
+        if self.probe is not None:
+            self.probe.stop()
         if self.broker is not None:
             self.broker.stop()
 
 
 class ChaosAbort(RuntimeError):
     pass
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the brokers of a cluster, and what their failures cost the loop
+# ---------------------------------------------------------------------------------------------------------------
+class ClusterChaos:
+    """Runs the cluster's broker actions (CLUSTER_ACTIONS), one at a time, each on a thread of its own so that the
+    harness keeps supervising the roles meanwhile. The victim is chosen when the action begins; an action is over
+    once every replica is back in sync, and only then can the next begin."""
+
+    def __init__(self, run: "ChaosRun"):
+        self.run = run
+        self.broker = run.broker
+        self.rng = random.Random(run.s.seed + 2)
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def measuring(self) -> bool:
+        """An action is in flight, or its cluster healed less than MEASURE_TAIL_S ago."""
+        last = self.run.chaos.broker_actions[-1] if self.run.chaos.broker_actions else None
+        return self.busy() or (last is not None and last.healed is not None
+                               and time.monotonic() < last.healed + MEASURE_TAIL_S)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is not None:
+            raise ChaosAbort(f"a broker action failed: {self.error}") from self.error
+
+    def begin(self, action: str) -> None:
+        node, note = self._victim(action)
+        record = BrokerAction(action, [], time.monotonic(), note=note)
+        self.run.chaos.broker_actions.append(record)
+        work = self._rolling_restart if action == "rolling-restart" else self._kill_and_restart
+        self._thread = threading.Thread(target=self._guarded, args=(work, record, node), name=f"broker-{action}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _victim(self, action: str) -> tuple[int | None, str]:
+        """The node an action takes down, and why that one."""
+        if action == "random-empty-disk":
+            return self.rng.choice([n.node_id for n in self.broker.nodes]), "random; back with an empty disk"
+        if action == "controller":
+            return self.broker.controller(), "the active KRaft controller"
+        if action == "experiences-leader":
+            topic = self.run.config().topic("experiences")
+            ends = KafkaClients(self.run.config(), self.run.bootstrap).offsets(topic)
+            (_, partition), records = max(ends.items(), key=lambda item: item[1])
+            return self.broker.leader_of(topic, partition), f"leader of {topic}[{partition}] ({records} records)"
+        if action == "coordinator":
+            workers = [r for r in self.run.roles.values() if r.kind == "worker" and r.alive()]
+            worker_id = self.rng.choice(workers).worker_id
+            transactional_id = f"{RUN_NAME}.rollout.{worker_id}"
+            return self.broker.transaction_coordinator(transactional_id), f"transaction coordinator of {worker_id}"
+        return None, "all nodes, one at a time, the controller last"  # rolling-restart
+
+    def _guarded(self, work, record: BrokerAction, node: int | None) -> None:
+        try:
+            work(record, node)
+            record.healed = time.monotonic()
+            self.run.event(f"{record.name}: cluster in sync again {record.heal_s:.1f} s after it began")
+        except BaseException as exc:  # raised in the harness's thread by join() / check()
+            self.error = exc
+
+    def check(self) -> None:
+        """Raise in the harness's thread what failed in an action's thread."""
+        if self.error is not None and not self.busy():
+            self.join()
+
+    def _kill_and_restart(self, record: BrokerAction, node: int) -> None:
+        empty_disk = record.name == "random-empty-disk"
+        self.run.event(f"SIGKILL broker node {node} ({record.note})")
+        self.broker.kill_node(node)
+        record.nodes.append(node)
+        self.run.chaos.kills["broker"] += 1
+        time.sleep(self.run.s.broker_down_s)
+        self.broker.start_node(node, empty_disk=empty_disk)
+        self.run.chaos.broker_restarts += 1
+        self.run.event(f"broker node {node} back{' with an empty disk' if empty_disk else ''}")
+        self.broker.wait_in_sync()
+
+    def _rolling_restart(self, record: BrokerAction, _node: None) -> None:
+        """A rolling upgrade's restart: SIGTERM (a controlled shutdown), back, in sync, next; the controller last
+        (it moves once, not once per node)."""
+        controller = self.broker.controller()
+        order = sorted((n.node_id for n in self.broker.nodes), key=lambda n: (n == controller, n))
+        for node in order:
+            self.run.event(f"rolling restart: stopping broker node {node}")
+            self.broker.stop_node(node)
+            record.nodes.append(node)
+            self.broker.start_node(node)
+            self.run.chaos.broker_restarts += 1
+            self.broker.wait_in_sync()
+
+
+class ResultsProbe:
+    """When results become visible to a read_committed reader, as the explorer sees them: a thread that follows
+    ``results`` from its start (group-less, commits nothing) and notes the time of each batch that arrives."""
+
+    def __init__(self, run: "ChaosRun"):
+        config = run.config()
+        self.topic = config.topic("results")
+        self.clients = KafkaClients(config, run.bootstrap)
+        self.arrivals: list[float] = []
+        self.stopped_at: float | None = None
+        self.error: BaseException | None = None  # what ended the probe early, if anything
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="results-probe", daemon=True)
+
+    def start(self) -> "ResultsProbe":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+        self._stop.set()
+        self._thread.join(10)
+
+    def _follow(self) -> None:
+        consumer = None
+        try:
+            consumer = self.clients.consumer([self.topic], RolloutResult, f"{RUN_NAME}.chaos-probe",
+                                             subscribe=False, dead_letters=False)
+            consumer.assign(self.clients.offsets(self.topic, "start"))
+            while not self._stop.is_set():
+                if consumer.poll(max_records=500, timeout=0.2):
+                    self.arrivals.append(time.monotonic())
+        except BaseException as exc:  # reported by the harness (measure_stalls)
+            self.error = exc
+        finally:
+            if consumer is not None:
+                consumer.close()
+            self.clients.close()
+
+    def longest_gap(self, since: float, until: float) -> float:
+        """The longest wait between two arrivals that overlaps [since, until]; a wait still going on when the
+        probe stopped ends there. A loop that stopped at ``since`` and resumed at t waited t - the last arrival."""
+        times = sorted(self.arrivals)
+        if not times or times[0] > since:
+            times.insert(0, since)
+        times.append(max(self.stopped_at or until, times[-1]))
+        return max((b - a for a, b in zip(times, times[1:]) if b > since and a < until), default=0.0)
+
+    def median_gap(self) -> float | None:
+        gaps = [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+        return statistics.median(gaps) if gaps else None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -577,25 +830,30 @@ class Observed:
 
 
 def observe(run: ChaosRun) -> Observed:
-    config = run.config()
-    clients = KafkaClients(config, run.bootstrap)
+    return observe_topics(run.config(), run.bootstrap, run.out / "checkpoints")
+
+
+def observe_topics(config, bootstrap: str, checkpoint_dir: Path) -> Observed:
+    """Every topic of the run of ``config`` as a read_committed reader sees it, and the trainer's final audit."""
+    clients = KafkaClients(config, bootstrap)
 
     def read(name: str, record_type):
         topic = config.topic(name)
         return [clients.serde.decode(r.value, topic, record_type)
-                for r in read_to_end(config.kafka, run.bootstrap, topic, timeout=120)]
+                for r in read_to_end(config.kafka, bootstrap, topic, timeout=120)]
 
     with console.status("reading every topic (read_committed)…"):
         topics = clients.admin().list_topics(timeout=10).topics
-        letters = {name: read_to_end(config.kafka, run.bootstrap, name, timeout=120)
+        letters = {name: read_to_end(config.kafka, bootstrap, name, timeout=120)
                    for name in sorted(topics) if name.startswith(config.topic_prefix) and name.endswith(".dlq")}
         refused = {_eid_of(clients, config, r.value) for r in letters.get(config.topic("experiences") + ".dlq", [])}
         observed = Observed(read("tasks", Task), read("rollouts", RolloutRequest), read("results", RolloutResult),
                             read("experiences", Experience), read("metrics", Metric), read("sync", SyncSignal),
                             {name: len(records) for name, records in letters.items()}, refused - {None}, [])
+    clients.close()
     from streamrft.consumers.checkpoints import Checkpoints
 
-    observed.audit = Checkpoints(run.out / "checkpoints", keep=1).audit()
+    observed.audit = Checkpoints(checkpoint_dir, keep=1).audit()
     return observed
 
 
@@ -754,7 +1012,7 @@ def report(chaos: Chaos, verdict: Verdict, observed: Observed | None) -> Table:
     table = Table(title="chaos run", show_header=True)
     table.add_column("figure")
     table.add_column("value", justify="right")
-    rows = [(f"kills {k}", chaos.kills[k]) for k in ROLES]
+    rows = [(f"kills {k}", chaos.kills[k]) for k in (*ROLES, "broker")]
     rows += [(f"restarts {k}", chaos.restarts[k]) for k in ROLES]
     rows += [("workers back under a fresh id", chaos.fresh_worker_ids),
              ("crashes (exited by themselves)", len(chaos.crashes)),
@@ -771,6 +1029,22 @@ def report(chaos: Chaos, verdict: Verdict, observed: Observed | None) -> Table:
     for name, value in rows:
         bad = name in ("duplicates", "lost") and value
         table.add_row(name, f"[red]{value}[/]" if bad else str(value))
+    return table
+
+
+def broker_table(chaos: Chaos) -> Table | None:
+    """Each broker action on a cluster: whom it hit, how long until every replica was in sync again, and the
+    longest the loop waited for a result meanwhile (beside its median gap when undisturbed)."""
+    if not chaos.broker_actions:
+        return None
+    median = chaos.results_median_gap_s
+    table = Table(title=f"broker actions (results arrive every {median:.2f} s, median)" if median is not None
+                  else "broker actions", show_header=True)
+    for column in ("action", "node(s)", "why that node", "in sync after (s)", "loop stalled (s)"):
+        table.add_column(column, justify="right" if "(s)" in column else "left")
+    for a in chaos.broker_actions:
+        table.add_row(a.name, " ".join(map(str, a.nodes)), a.note, "-" if a.heal_s is None else f"{a.heal_s:.1f}",
+                      "-" if a.loop_stall_s is None else f"{a.loop_stall_s:.1f}")
     return table
 
 
@@ -792,7 +1066,9 @@ def write_summary(out: Path, chaos: Chaos, verdict: Verdict) -> None:
     summary = {"chaos": {**asdict(chaos), "kills": dict(chaos.kills), "restarts": dict(chaos.restarts),
                          "trainer_lifetimes": [
         {"lifetime": t.lifetime, "how": t.how, "audit_steps": len(t.audit), "checkpoint_step": t.checkpoint_step}
-        for t in chaos.trainer_lifetimes]}, "figures": verdict.figures, "violations": verdict.violations}
+        for t in chaos.trainer_lifetimes], "broker_actions": [
+        {"name": a.name, "nodes": a.nodes, "note": a.note, "in_sync_after_s": a.heal_s, "loop_stall_s": a.loop_stall_s}
+        for a in chaos.broker_actions]}, "figures": verdict.figures, "violations": verdict.violations}
     (out / "chaos.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 
 
@@ -819,9 +1095,11 @@ def run_chaos(settings: ChaosSettings) -> Outcome:
         run.start_roles()
         try:
             run.run()
+            run.settle_brokers()
         except ChaosAbort as exc:
             run.chaos.aborted = str(exc)
         run.stop_workers()
+        run.measure_stalls()
         observed = observe(run)
         verdict = check(observed, run.chaos.trainer_lifetimes, settings.steps)
     finally:
@@ -847,19 +1125,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3, help="rollout worker processes (3)")
     parser.add_argument("--kill-every-s", type=float, default=8.0, help="mean seconds between actions (8)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of kills, one of each role per round (default: until the window ends)")
-    parser.add_argument("--broker-restarts", type=int, default=1, help="broker restarts during the window (1)")
+                        help="rounds of kills, one of each role per round (default: until the window ends; with "
+                             "--nodes 3, until every broker action is dealt)")
+    parser.add_argument("--broker-restarts", type=int, default=1, help="broker restarts during the window, one "
+                        "node (1)")
+    parser.add_argument("--nodes", type=int, default=1, help="broker nodes: 1, or 3 for a replicated cluster and its "
+                        "broker actions (1)")
+    parser.add_argument("--broker-down-s", type=float, default=3.0, help="seconds a killed broker node stays down (3)")
+    parser.add_argument("--session-timeout-ms", type=int, default=None,
+                        help="the roles' consumer session.timeout.ms (default: the client layer's, 10000)")
     parser.add_argument("--batch-size", type=int, default=4, help="tasks per step (4)")
     parser.add_argument("--timeout-s", type=float, default=1200.0, help="give up on the run after this (1200)")
     parser.add_argument("--out", type=Path, default=None, help="a new directory (default: runs/chaos-<seed>)")
     args = parser.parse_args(argv)
+    rounds = args.rounds
+    if rounds is None and args.nodes > 1:
+        rounds = len(CLUSTER_ACTIONS)
     settings = ChaosSettings(out=args.out or Path(f"runs/chaos-{args.seed}"), seed=args.seed, steps=args.steps,
                              workers=args.workers, kill_every_s=args.kill_every_s, duration_s=args.duration_s,
-                             rounds=args.rounds, broker_restarts=args.broker_restarts, batch_size=args.batch_size,
-                             timeout_s=args.timeout_s)
+                             rounds=rounds, broker_restarts=args.broker_restarts, batch_size=args.batch_size,
+                             timeout_s=args.timeout_s, nodes=args.nodes, broker_down_s=args.broker_down_s,
+                             session_timeout_ms=args.session_timeout_ms)
     signal.signal(signal.SIGTERM, _interrupt)
     outcome = run_chaos(settings)
-    Console().print(report(outcome.chaos, outcome.verdict, outcome.observed))
+    wide = Console(width=max(Console().width, 120))  # the broker actions' notes are long
+    wide.print(report(outcome.chaos, outcome.verdict, outcome.observed))
+    brokers = broker_table(outcome.chaos)
+    if brokers is not None:
+        wide.print(brokers)
     print_crashes(outcome.chaos)
     for log in outcome.chaos.stacks:
         console.print(f"[yellow]HUNG[/] stacks in {log}")

@@ -1,16 +1,22 @@
-"""A single-node KRaft Apache Kafka broker (broker and controller in one JVM) on loopback, for local runs and tests.
+"""The embedded broker: one KRaft node, or ``broker.nodes`` of them as a replicated cluster, on loopback, for
+local runs and tests. Each node is its own JVM (node.py) with its own data dir and ports, and is broker and
+controller at once; in a cluster every node is a voter of the KRaft quorum, and topics (the internal ones too)
+get replication factor min(3, nodes) and min.insync.replicas 2.
 
-Start-up, in order: pick free ports → write server.properties → format the storage (once per data dir) →
-launch the JVM → wait until it accepts connections, answers metadata with *our* cluster id (a port picked as
-free can be taken by someone else's broker meanwhile) and can hand out a transactional producer id (the
-transaction coordinator is loaded; the roles depend on transactions). Any failure reports the tail of the
-broker's log. Measured here: ~2-3 s from start() to ready, of which ~1 s is librdkafka's fixed retry timers
-while the coordinator loads.
+Start-up, in order: pick free ports (two per node) → write each node's server.properties → format the storage
+(once per data dir, one cluster id for all nodes) → launch the JVMs → wait until every node accepts connections,
+the cluster answers metadata with *our* cluster id (a port picked as free can be taken by someone else's broker
+meanwhile) and lists every node as a broker, a transactional producer id is handed out and a consumer group
+finds its coordinator (the transaction and offsets topics are created then, while every broker is up to hold a
+replica; the roles depend on both). Any failure reports the tail of the logs. Measured here: one node ~2-3 s from
+start() to ready, of which ~1 s is librdkafka's fixed retry timers while the coordinators load; three nodes ~7 s.
 
-Never orphaned: stop() runs at interpreter exit (atexit), and the JVM is launched behind a tiny shell watchdog
-that holds a pipe from this process. If this process dies in any way, even SIGKILL, the pipe reaches EOF and
-the watchdog stops the broker and removes its temporary data. (Java has no parent-death signal of its own.)
-A ``detached`` broker (``streamrft broker start``) has no watchdog: it is meant to outlive its starter.
+Data dir: one node keeps its files in the data dir itself; a cluster has ``node-1`` … ``node-N`` under it and one
+``security/`` for all. stop() runs at interpreter exit (atexit), and no JVM outlives a dead owner (node.py).
+
+Breaking it on purpose (bench/chaos.py, the cluster tests): :meth:`kill_node`, :meth:`stop_node`,
+:meth:`start_node` (on the node's old ports; optionally with an empty disk), :meth:`wait_in_sync`, and where things
+are: :meth:`controller`, :meth:`leader_of`, :meth:`transaction_coordinator`.
 """
 from __future__ import annotations
 
@@ -22,7 +28,6 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import tempfile
 import time
 import uuid
@@ -31,57 +36,16 @@ from pathlib import Path
 
 from ..config.kafka import EmbeddedBrokerConfig
 from ..errors import BrokerError
-from .jars import classpath, ensure_jars, find_java, kafka_home
+from . import placement
+from .jars import Java, ensure_jars, find_java
+from .node import HOST, JVM_OUT, LOG_FILE, STORAGE, BrokerNode, PortTaken, Quorum
 from .security import SECURITY_DIR, BrokerSecurity
 from .state import BrokerState
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
-LOG_FILE = "broker.log"  # written by log4j2 (see log4j2.properties)
-JVM_OUT = "jvm.out"  # the JVM's own stdout/stderr: crashes, bad flags, class-data-sharing warnings
-
-# Single node: every internal topic has one replica; few coordinator partitions, because creating and loading
-# 50 of each (the defaults) only slows the first group join and the first transaction on one broker.
-SERVER_PROPERTIES = """\
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@{host}:{controller_port}
-listeners={listener}://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners={listener}://{host}:{port}
-controller.listener.names=CONTROLLER
-inter.broker.listener.name={listener}
-log.dirs={log_dir}
-num.partitions=1
-default.replication.factor=1
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=4
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-message.max.bytes=16777216
-replica.fetch.max.bytes=16777216
-auto.create.topics.enable=false
-"""
-PLAINTEXT_LISTENERS = "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
-
-# Runs the JVM (exec keeps its pid) with a background subshell that blocks reading a pipe held by this Python
-# process. At EOF (we closed it, or we died) it SIGTERMs the JVM, SIGKILLs it after 30 s, and removes
-# $STREAMRFT_RMDIR if set. fd 3 because a background job's own stdin is /dev/null in a non-interactive sh.
-_WATCHDOG = r"""exec 3<&0
-(
-  read _ <&3
-  kill -TERM $$ 2>/dev/null
-  i=0; while kill -0 $$ 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done
-  kill -KILL $$ 2>/dev/null
-  if [ -n "$STREAMRFT_RMDIR" ]; then rm -rf "$STREAMRFT_RMDIR"; fi
-) &
-exec 3<&- </dev/null
-exec "$@"
-"""
+NODE_DIR = "node-{}"  # a cluster node's data, under the broker's data dir
+QUORUMLESS_GRACE_S = 3.0  # at stop, what a node left without a controller quorum gets to finish (see stop)
 
 
 class _LibrdkafkaToDebug:
@@ -115,12 +79,25 @@ def new_cluster_id() -> str:
             return cluster_id
 
 
-class _PortTaken(Exception):
-    """The JVM could not bind a port we picked; start() retries with new ports."""
+def heap_bytes(heap: str) -> int:
+    """'512m' -> 536870912; raises BrokerError for what the JVM would not take."""
+    match = re.fullmatch(r"(\d+)([kKmMgG]?)", heap)
+    if not match:
+        raise BrokerError(f"broker.heap {heap!r} is not a JVM heap size such as 512m or 2g")
+    return int(match.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[match.group(2).lower()]
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo in bytes (None where there is none)."""
+    try:
+        found = re.search(r"^MemAvailable:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
 
 
 class EmbeddedBroker:
-    """A KRaft broker+controller JVM. Use as a context manager, or call start() and stop().
+    """One KRaft node or a cluster of them. Use as a context manager, or call start() and stop().
 
     ``data_dir`` and ``keep_data`` override the config's. Without a data dir a temporary one is made. Unless
     ``keep_data``, the data dir is deleted at stop, given or not; a kept one is reused by the next start.
@@ -143,30 +120,36 @@ class EmbeddedBroker:
         self.data_dir: Path | None = None
         self.cluster_id: str | None = None
         self.startup_s: float | None = None
+        self.nodes: list[BrokerNode] = []
         self._bootstrap: str | None = None
-        self._proc: subprocess.Popen | None = None
-        self._archive_tmp: Path | None = None
-        self._archive: Path | None = None
-        self._log_offsets: dict[str, int] = {}  # log sizes at launch: a kept data dir has older runs' logs
+        self._java: Java | None = None
+        self._admin = None
 
     # -- public --------------------------------------------------------------------------------------------------
 
     @property
     def bootstrap_servers(self) -> str:
+        """Every node's address (clients find the rest of the cluster from any one of them)."""
         if self._bootstrap is None:
             raise BrokerError("the embedded broker is not running; call start() or use it as a context manager")
         return self._bootstrap
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        """The first node's JVM (the only one, for one node)."""
+        return self.nodes[0].pid if self.nodes else None
+
+    @property
+    def pids(self) -> list[int]:
+        return [node.pid for node in self.nodes if node.pid is not None]
 
     @property
     def log_file(self) -> Path | None:
-        return self.data_dir / LOG_FILE if self.data_dir else None
+        return self.nodes[0].log_file if self.nodes else None
 
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        """Every node's JVM is alive."""
+        return bool(self.nodes) and all(node.running() for node in self.nodes)
 
     def __enter__(self) -> "EmbeddedBroker":
         self.start()
@@ -176,79 +159,208 @@ class EmbeddedBroker:
         self.stop()
 
     def start(self) -> "EmbeddedBroker":
-        if self._proc is not None:
+        if self.nodes:
             raise BrokerError("this EmbeddedBroker is already started")
-        if not re.fullmatch(r"\d+[kKmMgG]?", self.config.heap):
-            raise BrokerError(f"broker.heap {self.config.heap!r} is not a JVM heap size such as 512m or 2g")
+        self._check_memory()
         began = time.monotonic()
-        java = find_java()
+        self._java = find_java()
         ensure_jars(self.config.kafka_version)
         self._prepare_data_dir()
         if self.config.security != "none":
             self.security = BrokerSecurity.prepare(self.config.security, self.data_dir, HOST)
+        removes = None if self.keep_data else self.data_dir
+        self.nodes = [BrokerNode(i, self._node_dir(i), self.config, detached=self.detached, removes=removes)
+                      for i in range(1, self.config.nodes + 1)]
         deadline = began + self.config.start_timeout_s
         atexit.register(self.stop)
         try:
             for attempt in range(3):
-                ports = free_ports(2)
-                self._write_config(ports[0], ports[1])
-                self._format_storage(java)
-                self._launch(java)
+                self._configure(free_ports(2 * len(self.nodes)))
+                self._format()
+                for node in self.nodes:
+                    node.launch(self._java)
                 try:
                     self._wait_ready(deadline)
                     break
-                except _PortTaken:
+                except PortTaken:
                     logger.debug("a picked port was taken meanwhile (attempt %d); retrying", attempt + 1)
-                    self._kill_and_reap()
+                    for node in self.nodes:
+                        node.end(timeout=0)
             else:
                 raise BrokerError(f"could not bind free loopback ports after 3 attempts; see {self.log_file}")
         except BaseException:
             self.stop()
             raise
         self.startup_s = time.monotonic() - began
-        logger.info("Kafka %s broker ready at %s in %.1f s (pid %d, data %s)", self.config.kafka_version,
-                    self._bootstrap, self.startup_s, self._proc.pid, self.data_dir)
+        logger.info("Kafka %s %s ready at %s in %.1f s (pids %s, data %s)", self.config.kafka_version, self.kind,
+                    self._bootstrap, self.startup_s, " ".join(map(str, self.pids)), self.data_dir)
         return self
 
+    @property
+    def kind(self) -> str:
+        """'broker' or '3-node cluster', for messages."""
+        return "broker" if len(self.nodes) <= 1 else f"{len(self.nodes)}-node cluster"
+
     def stop(self, timeout: float = 20.0) -> None:
-        """Graceful stop (SIGTERM), SIGKILL after ``timeout`` s; then delete the data unless keep_data."""
+        """Graceful stop (SIGTERM), SIGKILL after ``timeout`` s; then delete the data unless keep_data.
+
+        Every node gets its SIGTERM at once. A broker's controlled shutdown waits for the controller quorum's
+        approval (up to 5 minutes), so a node left running after a majority has exited cannot finish: it gets
+        QUORUMLESS_GRACE_S, then SIGKILL (measured: three nodes stop in 0.6-5.6 s, but one in several waited the
+        whole 20 s for a quorum that was gone). Its data is safe; its next start recovers the logs."""
         atexit.unregister(self.stop)
-        proc, self._proc, self._bootstrap = self._proc, None, None
-        if proc is not None:
-            graceful = self._end(proc, timeout)
-            self._keep_archive(graceful)
-            logger.debug("broker pid %d stopped (exit %s)", proc.pid, proc.returncode)
+        nodes, self.nodes, self._bootstrap = self.nodes, [], None
+        for node in nodes:
+            if node.running():
+                _killpg(node.pid, signal.SIGTERM)
+        self._await_exit(nodes, timeout)
+        left = [node for node in nodes if node.running()]
+        for node in left:
+            if len(nodes) > 1 and len(left) <= len(nodes) // 2:  # expected: see above
+                logger.info("node %d (pid %d) cannot finish its controlled shutdown without a controller quorum; "
+                            "killing it", node.node_id, node.pid)
+            else:
+                logger.warning("node %d (pid %d) did not stop within %.0f s; killing it", node.node_id, node.pid,
+                               timeout)
+        for node in nodes:
+            node.end(0 if node.running() else timeout)
+        self._admin = None
         if self.data_dir is not None and not self.keep_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
+    @staticmethod
+    def _await_exit(nodes: list[BrokerNode], timeout: float) -> None:
+        """Until every node has exited, ``timeout`` passed, or the stragglers have had QUORUMLESS_GRACE_S
+        without a quorum (see stop)."""
+        deadline = time.monotonic() + timeout
+        quorum = len(nodes) // 2 + 1
+        quorum_gone_at = None
+        while time.monotonic() < deadline:
+            alive = [node for node in nodes if node.running()]
+            if not alive:
+                return
+            if len(nodes) > 1 and len(alive) < quorum:
+                quorum_gone_at = quorum_gone_at or time.monotonic()
+                if time.monotonic() - quorum_gone_at > QUORUMLESS_GRACE_S:
+                    return
+            time.sleep(0.1)
+
     def detach(self) -> BrokerState:
-        """Give up ownership of a started, ``detached`` broker: it keeps running after this process exits.
-        Returns what ``streamrft broker stop`` needs to stop it later."""
+        """Give up ownership of a started, ``detached`` broker: its nodes keep running after this process exits.
+        Returns what ``streamrft broker stop`` needs to stop them later."""
         if not self.detached or not self.running():
             raise BrokerError("only a running broker created with detached=True can be detached")
         atexit.unregister(self.stop)
         state = BrokerState(
-            pid=self._proc.pid, bootstrap_servers=self.bootstrap_servers, data_dir=str(self.data_dir),
+            pid=self.pid, bootstrap_servers=self.bootstrap_servers, data_dir=str(self.data_dir),
             keep_data=self.keep_data, cluster_id=self.cluster_id or "", kafka_version=self.config.kafka_version,
-            started_at=time.time(),
+            started_at=time.time(), pids=self.pids, nodes=len(self.nodes),
         )
-        self._proc = None
+        for node in self.nodes:
+            node.proc = None
         return state
 
     def log_tail(self, lines: int = 30) -> str:
-        """Last lines the broker and the JVM wrote since the last launch, for error messages."""
-        parts = []
-        for name in (LOG_FILE, JVM_OUT):
-            path = self.data_dir / name if self.data_dir else None
-            if path and path.exists():
-                with open(path, "rb") as fh:
-                    fh.seek(self._log_offsets.get(name, 0))
-                    text = fh.read().decode(errors="replace").strip().splitlines()[-lines:]
-                if text:
-                    parts.append(f"--- {path} (last {len(text)} lines) ---\n" + "\n".join(text))
-        return "\n".join(parts) or "(the broker wrote no log)"
+        """Last lines each node and its JVM wrote since the last launch, for error messages."""
+        each = lines if len(self.nodes) <= 1 else max(10, lines // len(self.nodes))
+        return "\n".join(filter(None, (node.log_tail(each) for node in self.nodes))) or "(the broker wrote no log)"
+
+    # -- the cluster, broken on purpose and healed -----------------------------------------------------------------
+
+    def node(self, node_id: int) -> BrokerNode:
+        for node in self.nodes:
+            if node.node_id == node_id:
+                return node
+        raise BrokerError(f"no node {node_id}: this broker has nodes 1 to {len(self.nodes)}")
+
+    def kill_node(self, node_id: int) -> None:
+        """SIGKILL a node's JVM (a crash: no controlled shutdown, nothing flushed)."""
+        self.node(node_id).end(timeout=0)
+        logger.info("node %d killed", node_id)
+
+    def stop_node(self, node_id: int, timeout: float = 30.0) -> None:
+        """Stop a node gracefully (SIGTERM: its controlled shutdown moves its partitions' leadership first)."""
+        self.node(node_id).end(timeout)
+        logger.info("node %d stopped", node_id)
+
+    def start_node(self, node_id: int, *, empty_disk: bool = False, timeout: float | None = None) -> None:
+        """Start a stopped node again on its old ports, with its data or, ``empty_disk``, none (a replaced disk:
+        formatted anew for this cluster; it copies its replicas back from the others); return once it is a
+        registered broker of our cluster again. Its replicas catch up after that (:meth:`wait_in_sync`)."""
+        node = self.node(node_id)
+        if empty_disk:
+            node.wipe()
+        node.format(self._java, self.cluster_id)
+        node.launch(self._java)
+        deadline = time.monotonic() + (timeout or self.config.start_timeout_s)
+        try:
+            self._wait_port(node, deadline)
+            # "started" is logged once the node is an unfenced broker; the cluster's metadata may still list the
+            # killed incarnation for a few seconds, so it cannot tell
+            while not node.started():
+                self._check(deadline, f"start node {node_id} again")
+                time.sleep(0.1)
+            self._wait_metadata(deadline, brokers=len(self.nodes))
+        except PortTaken:
+            node.end(timeout=0)
+            raise BrokerError(f"node {node_id} cannot listen on its old port {node.port} again: something else took "
+                              "it meanwhile") from None
+        logger.info("node %d back%s", node_id, " with an empty disk" if empty_disk else "")
+
+    def wait_in_sync(self, timeout: float = 120.0) -> float:
+        """Wait until every node is a registered broker and every partition (internal topics included) has a
+        leader and all its replicas in sync: the cluster can lose any one node again. Returns the seconds waited."""
+        began = time.monotonic()
+        while True:
+            try:
+                problems = placement.not_in_sync(self.admin(), len(self.nodes), timeout=5)
+            except Exception as exc:  # KafkaException: the cluster is still electing
+                problems = [str(exc)]
+            if not problems:
+                return time.monotonic() - began
+            if time.monotonic() - began > timeout:
+                shown = "; ".join(problems[:8]) + (f"; … {len(problems) - 8} more" if len(problems) > 8 else "")
+                raise BrokerError(f"the cluster was not back in sync within {timeout:.0f} s: {shown}\n"
+                                  f"{self.log_tail()}")
+            time.sleep(0.5)
+
+    def controller(self) -> int | None:
+        """The node id of the active KRaft controller (None while there is none)."""
+        return placement.quorum_leader([node.storage for node in self.nodes if node.running()])
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        return placement.leader_of(self.admin(), topic, partition)
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        return placement.transaction_coordinator(self.admin(), transactional_id)
+
+    def admin(self):
+        """An AdminClient of the cluster (as its admin when security is on)."""
+        from confluent_kafka.admin import AdminClient
+
+        if self._admin is None:
+            self._admin = AdminClient(self.client_properties())
+        return self._admin
+
+    def client_properties(self) -> dict:
+        """librdkafka properties that reach this broker as its admin, quietly (see _LibrdkafkaToDebug)."""
+        return {"bootstrap.servers": self.bootstrap_servers, "logger": _LibrdkafkaToDebug(),
+                **(self.security.client_properties() if self.security else {})}
 
     # -- start-up steps ------------------------------------------------------------------------------------------
+
+    def _check_memory(self) -> None:
+        heap = heap_bytes(self.config.heap)
+        available = available_memory()
+        need = heap * self.config.nodes
+        if available is not None and need > available:
+            raise BrokerError(
+                f"broker.nodes {self.config.nodes} × broker.heap {self.config.heap} is {need / 2**30:.1f} GiB of "
+                f"heap, and this machine has {available / 2**30:.1f} GiB available; lower broker.heap (384m is "
+                "enough for loopback runs) or broker.nodes")
+
+    def _node_dir(self, node_id: int) -> Path:
+        return self.data_dir if self.config.nodes == 1 else self.data_dir / NODE_DIR.format(node_id)
 
     def _prepare_data_dir(self) -> None:
         if self._given_data_dir is None:
@@ -256,145 +368,113 @@ class EmbeddedBroker:
         else:
             self.data_dir = self._given_data_dir
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            # stop() deletes the data dir (unless keep_data): never adopt a directory holding anything else
-            ours = {"kraft", "server.properties", "log4j2.properties", LOG_FILE, JVM_OUT, "classes.jsa", SECURITY_DIR}
-            strangers = sorted(p.name for p in self.data_dir.iterdir() if p.name not in ours)
-            if strangers:
-                self.data_dir = None
-                raise BrokerError(
-                    f"{self._given_data_dir} holds files that are not the broker's ({', '.join(strangers[:5])}); "
-                    "give broker.data_dir / --data-dir a new or empty directory"
-                )
-        (self.data_dir / "log4j2.properties").write_text(
-            resources.files(__package__).joinpath("log4j2.properties").read_text()
-        )
+            self._check_data_dir_holds_ours()
+        for node_id in range(1, self.config.nodes + 1):
+            directory = self._node_dir(node_id)
+            directory.mkdir(exist_ok=True)
+            (directory / "log4j2.properties").write_text(
+                resources.files(__package__).joinpath("log4j2.properties").read_text())
 
-    def _write_config(self, port: int, controller_port: int) -> None:
-        self._bootstrap = f"{HOST}:{port}"
-        listener = "CLIENT" if self.security else "PLAINTEXT"
-        properties = SERVER_PROPERTIES.format(host=HOST, port=port, controller_port=controller_port,
-                                              log_dir=self.data_dir / "kraft", listener=listener)
-        properties += self.security.server_properties() if self.security else PLAINTEXT_LISTENERS
-        path = self.data_dir / "server.properties"
-        path.touch()
-        path.chmod(0o600)  # with security on it holds the admin's password
-        path.write_text(properties)
+    def _check_data_dir_holds_ours(self) -> None:
+        """stop() deletes the data dir (unless keep_data): never adopt a directory holding anything else, nor one
+        holding a broker of another size (a static KRaft quorum cannot grow or shrink)."""
+        names = {p.name for p in self.data_dir.iterdir()}
+        node_dirs = {n for n in names if re.fullmatch(NODE_DIR.format(r"\d+"), n)}
+        node_files = {STORAGE, "server.properties", "log4j2.properties", LOG_FILE, JVM_OUT, "classes.jsa"}
+        strangers = sorted(names - node_files - node_dirs - {SECURITY_DIR})
+        held = max((int(n.split("-")[1]) for n in node_dirs), default=1 if STORAGE in names else 0)
+        problem = None
+        if strangers:
+            problem = f"holds files that are not the broker's ({', '.join(strangers[:5])})"
+        elif held and held != self.config.nodes:
+            problem = (f"holds the data of a {held}-node broker and broker.nodes is {self.config.nodes}; start it with "
+                       f"broker.nodes: {held}, or")
+        if problem:
+            given = self.data_dir
+            self.data_dir = None
+            raise BrokerError(f"{given} {problem}; give broker.data_dir / --data-dir a new or empty directory")
 
-    def _format_storage(self, java) -> None:
-        """Format once per data dir; a kept data dir keeps its cluster id (with a static voter set the
-        controller's port may change between starts)."""
-        meta = self.data_dir / "kraft" / "meta.properties"
-        if meta.exists():
-            match = re.search(r"^cluster\.id=(\S+)", meta.read_text(), re.M)
-            if match:
-                self.cluster_id = match.group(1)
-                return
-        self.cluster_id = new_cluster_id()
-        # A short-lived tool: the quick (C1) JIT and the class archive shave ~0.3 s off its ~0.7 s.
-        cmd = [java.path, "-XX:TieredStopAtLevel=1", *self._class_sharing_flags(java, use_only=True),
-               "-cp", self._classpath(), "kafka.tools.StorageTool", "format", "-t", self.cluster_id,
-               "-c", str(self.data_dir / "server.properties"), "--ignore-formatted"]
-        result = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if result.returncode != 0:
-            raise BrokerError(f"formatting the broker storage in {self.data_dir} failed:\n"
-                              f"{(result.stdout + result.stderr).strip()[-2000:]}")
+    def _configure(self, ports: list[int]) -> None:
+        """Two ports per node; every node a voter of the static KRaft quorum."""
+        count = len(self.nodes)
+        voters = ",".join(f"{node.node_id}@{HOST}:{ports[count + i]}" for i, node in enumerate(self.nodes))
+        quorum = Quorum(voters, self.config.replication_factor, self.config.min_insync_replicas, cluster=count > 1)
+        for i, node in enumerate(self.nodes):
+            node.configure(ports[i], ports[count + i], quorum, self.security)
+        self._bootstrap = ",".join(node.address for node in self.nodes)
+        self._admin = None
 
-    def _classpath(self) -> str:
-        return os.pathsep.join(str(jar) for jar in classpath(self.config.kafka_version))
-
-    def _launch(self, java) -> None:
-        cmd = [
-            java.path, f"-Xmx{self.config.heap}", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
-            f"-Dstreamrft.log.dir={self.data_dir}",
-            *self._class_sharing_flags(java),
-            "-cp", self._classpath(), "kafka.Kafka", str(self.data_dir / "server.properties"),
-        ]
-        env = dict(os.environ)
-        env.pop("STREAMRFT_RMDIR", None)
-        if not self.keep_data:
-            env["STREAMRFT_RMDIR"] = str(self.data_dir)
-        for name in (LOG_FILE, JVM_OUT):
-            path = self.data_dir / name
-            self._log_offsets[name] = path.stat().st_size if path.exists() else 0
-        out = open(self.data_dir / JVM_OUT, "ab")
-        try:
-            # start_new_session: the JVM leads its own process group (stop() signals the whole group, watchdog
-            # included) and a Ctrl-C meant for this process is not delivered to it twice.
-            if self.detached:
-                self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                              start_new_session=True, env=env)
-            else:
-                self._proc = subprocess.Popen(["/bin/sh", "-c", _WATCHDOG, "streamrft-kafka", *cmd],
-                                              stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                                              start_new_session=True, env=env)
-        finally:
-            out.close()
-        logger.debug("started Kafka JVM pid %d for %s", self._proc.pid, self._bootstrap)
-
-    def _class_sharing_flags(self, java, use_only: bool = False) -> list[str]:
-        """Class-data sharing: the JVM maps the broker's classes from an archive instead of loading and
-        verifying them, which cuts its start-up by ~0.7 s here. The first (non-detached) broker without an
-        archive for this JVM writes one when it exits: into its data dir, so that an owner killed mid-way
-        leaves no 50 MB stray in the cache, then moved into place."""
-        self._archive = kafka_home(self.config.kafka_version) / f"classes-java{java.version}.jsa"
-        self._archive_tmp = None
-        if self._archive.exists():
-            return [f"-XX:SharedArchiveFile={self._archive}", "-Xshare:auto"]
-        if self.detached or use_only:
-            return []
-        self._archive_tmp = self.data_dir / "classes.jsa"
-        return [f"-XX:ArchiveClassesAtExit={self._archive_tmp}"]
-
-    def _keep_archive(self, graceful: bool) -> None:
-        tmp, self._archive_tmp = self._archive_tmp, None
-        if tmp is None or not tmp.exists():
-            return
-        if graceful and tmp.stat().st_size > 0 and not self._archive.exists():
-            staging = self._archive.with_name(f".{self._archive.name}.{os.getpid()}")
-            shutil.move(tmp, staging)  # may cross file systems (data dir in /tmp)
-            os.replace(staging, self._archive)
-            logger.debug("wrote class-data archive %s", self._archive)
-        else:
-            tmp.unlink(missing_ok=True)
+    def _format(self) -> None:
+        """One cluster id for every node: a kept data dir's (any formatted node's), else a new one. A node without
+        storage (new, or its disk wiped) is formatted with it and copies its data from the others."""
+        found = {node.cluster_id() for node in self.nodes} - {None}
+        if len(found) > 1:
+            raise BrokerError(f"the nodes in {self.data_dir} belong to different clusters "
+                              f"({', '.join(sorted(found))}); give broker.data_dir / --data-dir a new or empty "
+                              "directory")
+        self.cluster_id = found.pop() if found else new_cluster_id()
+        for node in self.nodes:
+            node.format(self._java, self.cluster_id)
 
     def _wait_ready(self, deadline: float) -> None:
-        from confluent_kafka import KafkaError, KafkaException, Producer
-        from confluent_kafka.admin import AdminClient
-
-        port = int(self._bootstrap.rpartition(":")[2])
         launched = time.monotonic()
-        # 1. the JVM listens on its client port
+        for node in self.nodes:  # 1. every JVM listens on its client port
+            self._wait_port(node, deadline)
+        logger.debug("ports open %.2f s after launch", time.monotonic() - launched)
+        self._wait_metadata(deadline, brokers=len(self.nodes))  # 2. our cluster answers, every broker registered
+        logger.debug("metadata answered %.2f s after launch", time.monotonic() - launched)
+        self._wait_transactions(deadline)  # 3. the transaction coordinator hands out producer ids
+        logger.debug("transactions usable %.2f s after launch", time.monotonic() - launched)
+        self._wait_group_coordinator(deadline)  # 4. and the group coordinator answers
+        logger.debug("group coordinator usable %.2f s after launch", time.monotonic() - launched)
+
+    def _check(self, deadline: float, what: str) -> None:
+        for node in self.nodes:
+            if node.proc is not None:
+                node.check_alive(what)
+        if time.monotonic() > deadline:
+            raise BrokerError(
+                f"the Kafka {self.kind} did not {what} within broker.start_timeout_s="
+                f"{self.config.start_timeout_s:g} s.\n{self.log_tail()}\n"
+                "On a slow or busy machine raise broker.start_timeout_s (STREAMRFT_BROKER__START_TIMEOUT_S)."
+            )
+
+    def _wait_port(self, node: BrokerNode, deadline: float) -> None:
         while True:
-            self._check_alive(deadline, "open its client port")
+            self._check(deadline, f"open node {node.node_id}'s client port")
             try:
-                socket.create_connection((HOST, port), timeout=0.5).close()
-                break
+                socket.create_connection((HOST, node.port), timeout=0.5).close()
+                return
             except OSError:
                 time.sleep(0.05)
-        logger.debug("port %d open %.2f s after launch", port, time.monotonic() - launched)
-        quiet = {"bootstrap.servers": self._bootstrap, "logger": _LibrdkafkaToDebug(),
-                 **(self.security.client_properties() if self.security else {})}
-        # 2. it answers metadata, as our cluster
-        admin = AdminClient(dict(quiet))
+
+    def _wait_metadata(self, deadline: float, brokers: int) -> None:
+        from confluent_kafka import KafkaException
+
+        admin = self.admin()
         while True:
-            self._check_alive(deadline, "answer metadata")
+            self._check(deadline, f"answer metadata with its {brokers} broker(s)")
             try:
                 metadata = admin.list_topics(timeout=max(0.5, min(2.0, deadline - time.monotonic())))
             except KafkaException:
                 time.sleep(0.05)
                 continue
             if metadata.cluster_id != self.cluster_id:
-                raise _PortTaken()  # someone else's Kafka answers on the port we picked
-            break
-        logger.debug("metadata answered %.2f s after launch", time.monotonic() - launched)
-        # 3. the transaction coordinator hands out producer ids. The first request creates and loads its topic;
-        # librdkafka retries "not available"/"loading" on its own fixed 500 ms timers (~1 s in all here). A
-        # timed-out init_transactions() resumes where it left off when called again.
-        transactional_id = f"streamrft-ready-probe-{uuid.uuid4().hex[:8]}"
-        producer = Producer({**quiet, "transactional.id": transactional_id})
+                raise PortTaken()  # someone else's Kafka answers on a port we picked
+            if len(metadata.brokers) >= brokers:
+                return
+            time.sleep(0.1)
+
+    def _wait_transactions(self, deadline: float) -> None:
+        """The first request creates and loads the transaction topic; librdkafka retries "not available" /
+        "loading" on its own fixed 500 ms timers (~1 s in all here). A timed-out init_transactions() resumes
+        where it left off when called again."""
+        from confluent_kafka import KafkaError, KafkaException, Producer
+
+        props = {**self.client_properties(), "transactional.id": f"streamrft-ready-probe-{uuid.uuid4().hex[:8]}"}
+        producer = Producer(props)
         while True:
-            self._check_alive(deadline, "accept transactions")
+            self._check(deadline, "accept transactions")
             try:
                 producer.init_transactions(max(0.1, min(2.0, deadline - time.monotonic())))
                 break
@@ -405,61 +485,35 @@ class EmbeddedBroker:
                 logger.debug("init_transactions: %s", error)
                 if error.code() != KafkaError._TIMED_OUT:
                     # e.g. COORDINATOR_LOAD_IN_PROGRESS handed back to us: start over with a fresh producer
-                    producer = Producer({**quiet, "transactional.id": transactional_id})
-        logger.debug("transactions usable %.2f s after launch", time.monotonic() - launched)
+                    producer = Producer(props)
         close = getattr(producer, "close", None)  # Producer.close() only exists in newer confluent-kafka
         if close:
             close()
 
-    def _check_alive(self, deadline: float, what: str) -> None:
-        code = self._proc.poll()
-        if code is not None:
-            tail = self.log_tail()
-            if "Address already in use" in tail:
-                raise _PortTaken()
-            raise BrokerError(
-                f"the Kafka broker exited (code {code}) before it could {what}.\n{tail}\n"
-                "Check the log above; a full disk, a data dir formatted by another Kafka version, or too "
-                "little memory for broker.heap are the usual causes."
-            )
-        if time.monotonic() > deadline:
-            raise BrokerError(
-                f"the Kafka broker did not {what} within broker.start_timeout_s="
-                f"{self.config.start_timeout_s:g} s.\n{self.log_tail()}\n"
-                "On a slow or busy machine raise broker.start_timeout_s (STREAMRFT_BROKER__START_TIMEOUT_S)."
-            )
+    def _wait_group_coordinator(self, deadline: float) -> None:
+        """Looking up a group's coordinator creates the offsets topic. In a cluster it must exist before a broker
+        can be lost: it is created with every replica or not at all. (A consumer's committed() rather than the
+        admin API's list_consumer_group_offsets, which crashed confluent-kafka 2.16 now and then while the
+        coordinator was still loading.)"""
+        from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-    def _kill_and_reap(self) -> None:
-        proc, self._proc = self._proc, None
-        self._end(proc, timeout=0)
-        self._keep_archive(False)
-
-    def _end(self, proc: subprocess.Popen, timeout: float) -> bool:
-        """Stop the JVM (SIGTERM to its group, SIGKILL after ``timeout`` s) and retire the watchdog. Returns
-        whether the JVM ended by itself or by SIGTERM."""
-        graceful = timeout > 0
-        if proc.poll() is None:
-            if graceful:
-                self._signal_group(proc, signal.SIGTERM)
-                try:
-                    proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    logger.warning("broker pid %d did not stop within %.0f s; killing it", proc.pid, timeout)
-                    graceful = False
-            if not graceful:
-                self._signal_group(proc, signal.SIGKILL)
-                proc.wait()
-        # The watchdog may outlive a JVM that died on its own. Kill it before closing its pipe, or it would
-        # remove the data dir on its own schedule, even while a retry is using it. (Its being alive keeps the
-        # group id reserved, so this cannot hit a stranger.)
-        self._signal_group(proc, signal.SIGKILL)
-        if proc.stdin:
-            proc.stdin.close()
-        return graceful
-
-    @staticmethod
-    def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+        consumer = Consumer({**self.client_properties(), "group.id": f"streamrft-ready-probe-{uuid.uuid4().hex[:8]}"})
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
+            while True:
+                self._check(deadline, "find a group coordinator")
+                try:
+                    consumer.committed([TopicPartition("streamrft-ready-probe", 0)],
+                                       timeout=max(0.5, min(2.0, deadline - time.monotonic())))
+                    return
+                except KafkaException as exc:
+                    logger.debug("group coordinator: %s", exc.args[0])
+                    time.sleep(0.1)
+        finally:
+            consumer.close()
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,8 +1,9 @@
 """The state file of a broker started by ``streamrft broker start``, which outlives the command that started it.
 
 Other commands find it through here (``kafka_for``) instead of starting a broker of their own. The file records
-the JVM's pid together with its data directory, and a pid only counts as "our broker" while that process's
-command line still names that directory, so a recycled pid is never mistaken for the broker, let alone killed.
+the JVMs' pids (one per node) together with the data directory, and a pid only counts as "our broker" while that
+process's command line still names that directory, so a recycled pid is never mistaken for the broker, let alone
+killed.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import os
 import signal
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .jars import cache_root
@@ -29,6 +30,15 @@ class BrokerState:
     cluster_id: str
     kafka_version: str
     started_at: float
+    pids: list[int] = field(default_factory=list)  # every node's JVM; files written before clusters: just ``pid``
+    nodes: int = 1
+
+    @property
+    def all_pids(self) -> list[int]:
+        return self.pids or [self.pid]
+
+    def alive_pids(self) -> list[int]:
+        return [pid for pid in self.all_pids if process_alive(pid, self.data_dir)]
 
 
 def state_path() -> Path:
@@ -75,33 +85,38 @@ def process_alive(pid: int, data_dir: str) -> bool:
 
 
 def running_broker() -> BrokerState | None:
-    """The broker recorded in the state file, if its JVM is alive and its port accepts connections."""
+    """The broker recorded in the state file, if a JVM of it is alive and one of its ports accepts connections
+    (a cluster with a node down still serves)."""
     state = read_state()
-    if state is None or not process_alive(state.pid, state.data_dir):
+    if state is None or not state.alive_pids():
         return None
-    host, _, port = state.bootstrap_servers.rpartition(":")
-    try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
-    except OSError:
-        return None
-    return state
-
-
-def terminate(pid: int, data_dir: str, timeout: float = 20.0) -> bool:
-    """SIGTERM the broker's process group (it leads its own), wait up to ``timeout`` s, then SIGKILL.
-    Returns False if it had to be killed."""
-    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        if not process_alive(pid, data_dir):
-            return True
+    for address in state.bootstrap_servers.split(","):
+        host, _, port = address.rpartition(":")
         try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return state
+        except OSError:
+            continue
+    return None
+
+
+def terminate(pids: list[int], data_dir: str, timeout: float = 20.0) -> bool:
+    """SIGTERM the broker's process groups (each JVM leads its own; all at once, see EmbeddedBroker.stop), wait
+    up to ``timeout`` s, then SIGKILL what is left. Returns False if any had to be killed."""
+    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        alive = [pid for pid in pids if process_alive(pid, data_dir)]
+        if not alive:
             return True
+        for pid in alive:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and process_alive(pid, data_dir):
+        while time.monotonic() < deadline and any(process_alive(pid, data_dir) for pid in alive):
             time.sleep(0.1)
-        if sig == signal.SIGTERM and process_alive(pid, data_dir):
-            logger.warning("broker pid %d did not stop within %.0f s; killing it", pid, timeout)
+        if sig == signal.SIGTERM and any(process_alive(pid, data_dir) for pid in alive):
+            logger.warning("broker pids %s did not stop within %.0f s; killing them", alive, timeout)
     return False
 
 

@@ -1,4 +1,5 @@
-"""``streamrft broker``: a long-lived embedded Kafka broker for a session of commands.
+"""``streamrft broker``: a long-lived embedded Kafka broker (one node, or a cluster with ``--nodes 3``) for a
+session of commands.
 
 Without it every command starts (and stops) a broker of its own; with ``streamrft broker start`` running, they all
 share that one (``kafka_for`` finds it through the state file). ``setup`` resolves the jars ahead of time.
@@ -10,18 +11,20 @@ import shutil
 import signal
 import time
 
+from pydantic import ValidationError
 from rich.console import Console
 
 from ..broker import EmbeddedBroker, ensure_jars
-from ..broker.state import (BrokerState, clear_state, process_alive, read_state, running_broker, terminate,
-                            user_topic_count, write_state)
-from ..config import load_config
+from ..broker.state import (BrokerState, clear_state, read_state, running_broker, terminate, user_topic_count,
+                            write_state)
+from ..config import EmbeddedBrokerConfig, load_config
+from ..errors import ConfigError
 
 console = Console(stderr=True)
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("broker", help="start, stop or inspect the embedded single-node Kafka broker")
+    parser = subparsers.add_parser("broker", help="start, stop or inspect the embedded Kafka broker (or cluster)")
     actions = parser.add_subparsers(dest="broker_action", metavar="ACTION", required=True)
 
     start = actions.add_parser("start", help="start a broker in the background and print its bootstrap address")
@@ -29,6 +32,8 @@ def register(subparsers) -> None:
     start.add_argument("--data-dir", default=None, help="the broker's data directory, new or empty (default: a temporary one); deleted at stop "
                        "unless --keep-data")
     start.add_argument("--keep-data", action="store_true", help="do not delete the data when the broker stops")
+    start.add_argument("--nodes", type=int, default=None,
+                       help="KRaft nodes: 1, or 3 to 5 for a replicated cluster (default: the config's broker.nodes)")
     start.add_argument("--foreground", action="store_true", help="run in this terminal until Ctrl-C")
     start.set_defaults(func=start_broker)
 
@@ -52,7 +57,7 @@ def _config_argument(parser: argparse.ArgumentParser) -> None:
 
 def start_broker(args: argparse.Namespace) -> int:
     recorded = read_state()
-    if recorded is not None and process_alive(recorded.pid, recorded.data_dir):
+    if recorded is not None and recorded.alive_pids():
         answering = "running" if running_broker() else "recorded (but not answering)"
         console.print(f"a broker is already {answering} at {recorded.bootstrap_servers} (pid {recorded.pid}); "
                       "`streamrft broker stop` it first")
@@ -61,36 +66,47 @@ def start_broker(args: argparse.Namespace) -> int:
         _remove_data(recorded)
         clear_state()
     config = load_config(args.config).broker
+    if args.nodes is not None:  # validated as the config key is: a bad count is refused with how to fix it
+        config = _with_nodes(config, args.nodes)
     keep_data = True if args.keep_data else None  # None: the config's broker.keep_data
     broker = EmbeddedBroker(config, data_dir=args.data_dir, keep_data=keep_data, detached=not args.foreground)
-    with console.status(f"starting Apache Kafka {config.kafka_version}…"):
+    what = "a broker" if config.nodes == 1 else f"a {config.nodes}-node cluster"
+    with console.status(f"starting Apache Kafka {config.kafka_version}, {what}…"):
         broker.start()
     if args.foreground:
         return _run_in_foreground(broker)
     write_state(broker.detach())
-    console.print(f"Kafka {config.kafka_version} broker running at {broker.bootstrap_servers} "
+    console.print(f"Kafka {config.kafka_version} {broker.kind} running at {broker.bootstrap_servers} "
                   f"(started in {broker.startup_s:.1f} s, data {broker.data_dir}); stop it with "
                   "`streamrft broker stop`")
     print(broker.bootstrap_servers)
     return 0
 
 
+def _with_nodes(config: EmbeddedBrokerConfig, nodes: int) -> EmbeddedBrokerConfig:
+    try:
+        return EmbeddedBrokerConfig.model_validate({**config.model_dump(), "nodes": nodes})
+    except ValidationError as exc:
+        raise ConfigError(f"--nodes {nodes}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
 def _run_in_foreground(broker: EmbeddedBroker) -> int:
     """Serve until Ctrl-C or SIGTERM; meanwhile other commands find this broker through the state file."""
     state = BrokerState(pid=broker.pid, bootstrap_servers=broker.bootstrap_servers, data_dir=str(broker.data_dir),
                         keep_data=broker.keep_data, cluster_id=broker.cluster_id or "",
-                        kafka_version=broker.config.kafka_version, started_at=time.time())
+                        kafka_version=broker.config.kafka_version, started_at=time.time(), pids=broker.pids,
+                        nodes=len(broker.nodes))
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, interrupt)
     write_state(state)
-    console.print(f"Kafka broker running at {broker.bootstrap_servers} (pid {broker.pid}, log {broker.log_file}); "
-                  "Ctrl-C stops it")
+    console.print(f"Kafka {broker.kind} running at {broker.bootstrap_servers} (pids "
+                  f"{' '.join(map(str, broker.pids))}, log {broker.log_file}); Ctrl-C stops it")
     print(broker.bootstrap_servers, flush=True)
     try:
-        while broker.running():
+        while any(node.running() for node in broker.nodes):
             time.sleep(0.5)
         console.print("the broker exited (stopped by `streamrft broker stop`?)")
     except KeyboardInterrupt:
@@ -107,12 +123,13 @@ def stop_broker(args: argparse.Namespace) -> int:
     if state is None:
         console.print("no broker started by `streamrft broker start` is running")
         return 0
-    if process_alive(state.pid, state.data_dir):
-        graceful = terminate(state.pid, state.data_dir, timeout=args.timeout)
+    pids = " ".join(map(str, state.all_pids))
+    if state.alive_pids():
+        graceful = terminate(state.all_pids, state.data_dir, timeout=args.timeout)
         how = "stopped" if graceful else f"killed (it did not stop within {args.timeout:g} s)"
-        console.print(f"broker at {state.bootstrap_servers} (pid {state.pid}) {how}")
+        console.print(f"broker at {state.bootstrap_servers} (pid {pids}) {how}")
     else:
-        console.print(f"the broker recorded at {state.bootstrap_servers} (pid {state.pid}) was not running")
+        console.print(f"the broker recorded at {state.bootstrap_servers} (pid {pids}) was not running")
     _remove_data(state)
     clear_state()
     return 0
@@ -125,8 +142,10 @@ def broker_status(args: argparse.Namespace) -> int:
         return 1
     topics = user_topic_count(state.bootstrap_servers)
     uptime = time.time() - state.started_at
-    console.print(f"running: Kafka {state.kafka_version} at {state.bootstrap_servers}, pid {state.pid}, "
-                  f"up {uptime / 60:.0f} min, {topics} topics, data {state.data_dir}"
+    alive = state.alive_pids()
+    nodes = "" if state.nodes == 1 else f"{len(alive)} of {state.nodes} nodes up, "
+    console.print(f"running: Kafka {state.kafka_version} at {state.bootstrap_servers}, {nodes}"
+                  f"pid {' '.join(map(str, alive))}, up {uptime / 60:.0f} min, {topics} topics, data {state.data_dir}"
                   f"{' (kept)' if state.keep_data else ''}")
     print(state.bootstrap_servers)
     return 0

@@ -1,8 +1,9 @@
 """``streamrft run CONFIG``: the whole RL loop on this machine.
 
-1. start the embedded broker (its data under runs/<name>/kafka, kept for --resume) or use the configured
-   cluster;  2. create the run's topics, and with ``broker.security`` on a principal per role with its ACLs
-   (``streamrft.principals``);  3. produce the config's task files and data files (not on --resume);
+1. start the embedded broker (its data under runs/<name>/kafka, kept for --resume; ``broker.nodes: 3`` a
+   replicated cluster) or use the configured cluster;  2. create the run's topics, and with ``broker.security`` on
+   a principal per role with its ACLs (``streamrft.principals``);  3. produce the config's task files and data
+   files (not on --resume);
 4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process (in
    ``explorer.mode: train`` the trainer and the monitor only; in ``explore`` no trainer);
 5. show the live dashboard until the explorer and trainer finish; a role that dies stops the run with its
@@ -20,10 +21,10 @@ from pathlib import Path
 from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from ..broker import EmbeddedBroker
+from ..broker import EmbeddedBroker, check_replication
 from ..config import RunConfig
 from ..errors import StreamrftError
-from ..kafka import KafkaClients
+from ..kafka import KafkaClients, unanswered
 from ..launch.dashboard import MetricsFollower, group_lags, render, sync_line
 from ..launch.processes import RoleProcess, stop_all
 from ..lifecycle import StopSignal
@@ -97,6 +98,7 @@ def _cluster(config: RunConfig, run_dir: Path, resume: bool):
                              f"delete {run_dir} / set another `name` to start over")
     if resume and not data_dir.exists():
         raise StreamrftError(f"nothing to resume: {data_dir} does not exist; start the run without --resume")
+    check_replication(config, config.broker.nodes)
     return _BrokerBootstrap(config, EmbeddedBroker(config.broker, data_dir=data_dir, keep_data=True))
 
 
@@ -106,11 +108,16 @@ class _BrokerBootstrap:
         self.broker = broker
 
     def __enter__(self) -> _Cluster:
-        with console.status("starting the embedded Kafka broker"):
+        nodes = self.config.broker.nodes
+        with console.status("starting the embedded Kafka broker" if nodes == 1 else
+                            f"starting the embedded Kafka cluster ({nodes} KRaft nodes)"):
             self.broker.start()
         security = self.broker.security
-        console.print(f"broker up at {self.broker.bootstrap_servers} (data in {self.broker.data_dir}"
-                      f"{', security ' + security.mode if security else ''})")
+        replicated = "" if nodes == 1 else (f", {nodes} nodes, replication factor "
+                                            f"{self.config.broker.replication_factor}, min.insync.replicas "
+                                            f"{self.config.broker.min_insync_replicas}")
+        console.print(f"{self.broker.kind} up at {self.broker.bootstrap_servers} (data in "
+                      f"{self.broker.data_dir}{replicated}{', security ' + security.mode if security else ''})")
         admin = security.admin if security else None
         return _Cluster(self.config.on_cluster(self.broker.bootstrap_servers, admin), self.broker)
 
@@ -222,7 +229,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
             follower.poll()
             explorer.poll(0)
             if time.monotonic() - last_refresh > config.launch.dashboard_refresh_s:
-                lags = group_lags(clients)
+                lags = _group_lags_or(lags, clients)
                 last_refresh = time.monotonic()
                 if live is not None:
                     live.update(render(follower, lags, processes, started, config.name,
@@ -253,6 +260,18 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
     else:
         _final_report(run_dir)
     return outcome
+
+
+def _group_lags_or(last: dict[str, int], clients: KafkaClients) -> dict[str, int]:
+    """The groups' lags, or the last ones while the cluster does not answer (a broker failing over): the run goes
+    on without a human, so must its dashboard."""
+    try:
+        return group_lags(clients)
+    except Exception as exc:  # the client layer's KafkaException; only its kind is known here
+        if not unanswered(exc):
+            raise
+        logger.warning("consumer group lags unknown for now (%s); showing the last ones", exc)
+        return last
 
 
 def _log_new_steps(follower: MetricsFollower, reported: set[int]) -> None:

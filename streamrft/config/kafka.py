@@ -107,14 +107,47 @@ class SchemaRegistryConfig(Section):
         return value
 
 
+# A loopback cluster of combined broker+controller nodes: every node is a KRaft voter, so 3 tolerates losing
+# one and 5 losing two; more is a job for a real cluster (its controllers apart from its brokers).
+MAX_NODES = 5
+
+
 class EmbeddedBrokerConfig(Section):
-    """The single-node KRaft broker streamrft starts when ``kafka.bootstrap_servers`` is empty."""
+    """The KRaft broker streamrft starts when ``kafka.bootstrap_servers`` is empty: one node, or ``nodes`` of them
+    as a replicated cluster on loopback (streamrft/broker/)."""
 
     kafka_version: str = "4.1.1"
+    # 1: one node. 3 (to MAX_NODES): a cluster, every node broker and KRaft controller in its own JVM with its own
+    # data dir and ports; topics get replication factor min(3, nodes) and min.insync.replicas 2
+    nodes: int = 1
     # none: PLAINTEXT, anyone on this machine may do anything; sasl_scram: SCRAM-SHA-512 users and ACLs (each role
     # of `streamrft run` its own principal); sasl_scram_tls: the same over TLS (streamrft/broker/security.py)
     security: Literal["none", "sasl_scram", "sasl_scram_tls"] = "none"
     data_dir: str | None = None  # None: a fresh temporary directory, deleted at stop
     keep_data: bool = False
-    heap: str = "512m"
+    heap: str = "512m"  # per node
     start_timeout_s: float = Field(default=90.0, gt=0)
+
+    @field_validator("nodes")
+    @classmethod
+    def _cluster_size(cls, nodes: int) -> int:
+        if nodes == 2:
+            raise ValueError(
+                "2 nodes make a KRaft quorum that stops when either node stops (a majority of 2 is 2), and topics "
+                "that cannot keep 2 in-sync replicas through the loss of one: less available than 1 node. Use 1, "
+                "or 3 for a cluster that survives losing a broker")
+        if not 1 <= nodes <= MAX_NODES:
+            raise ValueError(f"the embedded broker runs 1 node or a cluster of 3 to {MAX_NODES} (each a JVM of "
+                             "broker.heap on this machine); for more, point kafka.bootstrap_servers at a real cluster")
+        return nodes
+
+    @property
+    def replication_factor(self) -> int:
+        """Of every topic the embedded broker creates by default, its internal topics included."""
+        return min(3, self.nodes)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """Replicas that must have a write before it is acknowledged (acks=all): 2 of 3, so one broker may be
+        down without refusing writes, and an acknowledged write survives the loss of any one."""
+        return 2 if self.nodes >= 3 else 1

@@ -26,11 +26,24 @@ from .serde import Serde
 from .transaction import FatalTransactionError, TransactionFailed, Transactor
 
 logger = logging.getLogger(__name__)
-# errors of a cluster that is (for now) not answering
-_UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+# errors of a cluster that is (for now) not answering, or whose leader or coordinator is moving
+_UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD,
+               KafkaError._UNKNOWN_PARTITION, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT,
+               KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+
+
+def unanswered(exc: BaseException) -> bool:
+    """A Kafka error of a cluster that does not answer for now (a broker restarting, a leader or coordinator
+    moving): a read-out that meets it can be done again later. Refusals and bugs are not."""
+    if not isinstance(exc, KafkaException) or not isinstance(exc.args[0], KafkaError):
+        return False
+    error: KafkaError = exc.args[0]
+    return not is_refusal(error) and (error.retriable() or error.code() in _UNANSWERED)
 
 __all__ = [
-    "KafkaClients", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter", "dead_letter",
+    "KafkaClients", "unanswered", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter",
+    "dead_letter",
     "dlq_topic_of", "Serde", "Transactor", "TransactionFailed", "FatalTransactionError", "DeadLetterLedger",
 ]
 
@@ -74,6 +87,7 @@ class KafkaClients:
         self.refuse = refusal_for(config)
         self._admin: AdminClient | None = None
         self._probe: Consumer | None = None
+        self._readers: dict[str, Consumer] = {}
 
     def check_credentials(self, timeout: float = 20.0) -> None:
         """Fail at start, with a clear message, when the cluster refuses the configured credentials (a wrong
@@ -121,6 +135,14 @@ class KafkaClients:
             self._probe = Consumer(props)
         return self._probe
 
+    def offsets_reader(self, group: str) -> Consumer:
+        """A consumer with ``group``'s id that never joins it, to read its committed offsets (see kafka/admin.py
+        for why not the admin API)."""
+        if group not in self._readers:
+            props = consumer_props(self.config.kafka, self.bootstrap, group, f"offsets-{os.getpid()}")
+            self._readers[group] = Consumer(props)
+        return self._readers[group]
+
     def offsets(self, topic: str, which: str = "end") -> dict[tuple[str, int], int]:
         """First (``which="start"``) or next-to-be-written (``"end"``) offset of every partition of ``topic``."""
         metadata = self.admin().list_topics(topic, timeout=10).topics.get(topic)
@@ -133,7 +155,7 @@ class KafkaClients:
 
     def committed(self, group: str, topic: str) -> dict[tuple[str, int], int]:
         """Committed next-offsets of ``group`` on ``topic``; partitions without a commit are left out."""
-        return committed_offsets(self.admin(), group, topic)
+        return committed_offsets(self.admin(), self.offsets_reader(group), topic)
 
     def offsets_for_time(self, topic: str, timestamp_ms: int) -> dict[tuple[str, int], int]:
         """Per partition of ``topic``, the first offset whose record timestamp is >= ``timestamp_ms`` (the end
@@ -153,18 +175,18 @@ class KafkaClients:
 
     def describe(self):
         topics = list(run_topics(self.config))
-        return describe_run(self.admin(), self.probe(), topics, f"{self.config.name}.")
+        return describe_run(self.admin(), self.probe(), self.offsets_reader, topics, f"{self.config.name}.")
 
     def lag(self, group: str, topic: str) -> int | None:
         """Total lag of ``group`` on ``topic``, or None while the cluster does not answer (a broker restart):
         callers that pace on it wait, rather than stop."""
         try:
-            return group_lag(self.admin(), self.probe(), group, topic)
+            return group_lag(self.admin(), self.probe(), self.offsets_reader(group), topic)
         except KafkaException as exc:
             error = exc.args[0]
             if is_refusal(error):
                 raise self.refuse(error, "describe", group) from None
-            if not (error.retriable() or error.code() in _UNANSWERED):
+            if not unanswered(exc):
                 raise
             logger.warning("lag of %s on %s unknown for now: %s", group, topic, error.str())
             return None
@@ -173,3 +195,6 @@ class KafkaClients:
         if self._probe is not None:
             self._probe.close()
             self._probe = None
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()

@@ -122,6 +122,11 @@ class RecordProducer:
     def raw(self) -> Producer:
         return self._producer
 
+    @property
+    def transaction_timeout_s(self) -> float:
+        """How long the coordinator lets a transaction stay open before it aborts it (librdkafka's default 60 s)."""
+        return float(self._props.get("transaction.timeout.ms", 60_000)) / 1000
+
     def init_transactions(self, timeout: float = 60.0) -> None:
         try:
             retrying("init_transactions", self._producer.init_transactions, timeout, pause=0.5)

@@ -11,10 +11,22 @@ policy for every role:
   ``send_offsets_to_transaction`` can block for ever once the group coordinator moved, e.g. across a broker
   restart) is abandoned with its client: the producer is re-created with the same transactional.id, which
   fences the stuck one, and the same unit runs again on it;
+- a fatal error that no newer instance caused is also met with a new client and the same unit. That is a
+  transaction held up past its transaction.timeout.ms (a broker failover): the coordinator aborts it and bumps the
+  producer's epoch, and librdkafka then reports the client fenced (_FENCED) or its abort refused
+  (INVALID_TXN_STATE), fatal either way (librdkafka #3297; seen in bench/chaos.py on the 3-node cluster, a worker's
+  10 s transaction across its partition leader's death). Fencing of a transaction younger than its timeout is a
+  newer instance's. The new client's init_transactions takes the id over with a new epoch, so nothing of the old
+  transaction can commit;
 - an authorization error (the principal's ACLs do not allow a write, the transactional id or the group) is raised
   at once as ``AuthorizationError``, naming the resource;
-- anything else is raised after the abort: :class:`FatalTransactionError` when the producer is unusable
-  (fenced by a newer instance with the same transactional.id), :class:`TransactionFailed` when the deadline
+- the consumer group no longer knowing this member (its session ended while a coordinator failed over) is raised
+  at once as :class:`TransactionFailed`: its partitions may be another member's by now, so the unit's offsets must
+  not be committed, and only polling (which the role does, not this loop) lets the consumer rejoin. Retrying it
+  here wrote one aborted copy of the unit per attempt (32 in 60 s in bench/chaos.py, enough to make the trainer's
+  lag look like 250 untrained experiences);
+- anything else is raised after the abort: :class:`FatalTransactionError` when the producer was fenced by a newer
+  instance with the same transactional.id (this one must stop), :class:`TransactionFailed` when the deadline
   passed, or the caller's own exception. The role then stops; its state is in the topics, so a restart resumes.
 """
 from __future__ import annotations
@@ -34,11 +46,17 @@ logger = logging.getLogger(__name__)
 
 # Each transaction call gets at most CALL_TIMEOUT_S (and is tried again, within the unit's deadline, when it
 # times out); one that has not returned STUCK_GRACE_S after that is taken as stuck. So a client stuck across a
-# broker restart is replaced after ~15 s, not after the whole unit's deadline (measured in bench/chaos.py: a
-# worker stalled 75 s with one 60 s call).
-CALL_TIMEOUT_S = 10.0
-STUCK_GRACE_S = 5.0
-MAX_REOPENS = 3  # stuck clients replaced within one unit of work before giving up
+# broker restart is replaced after ~7 s, not after the whole unit's deadline (measured in bench/chaos.py: a
+# worker stalled 75 s with one 60 s call; with 10 s + 5 s, the 3-node cluster's rolling restart cost the loop
+# 17 s, two roles stuck in send_offsets_to_transaction once the group coordinator moved).
+CALL_TIMEOUT_S = 5.0
+STUCK_GRACE_S = 2.0
+MAX_REOPENS = 3  # stuck or failed clients replaced within one unit of work before giving up
+# what a newer instance with the same transactional.id does to an older one: the older one must stop, not take the
+# id back (that would fence the newer one in turn)
+FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+# the consumer group has moved on without this member (see the module docstring)
+NOT_A_MEMBER = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.FENCED_INSTANCE_ID)
 
 
 class FatalTransactionError(RuntimeError):
@@ -64,6 +82,8 @@ class Transactor:
         self.timeout = timeout
         self.committed = 0
         self.aborted = 0
+        self.replaced = 0  # clients replaced (stuck, or failed for good without a newer instance)
+        self._began = time.monotonic()  # when the current (or last) transaction began
         producer.init_transactions(timeout)
 
     def run(self, produce: Callable[[RecordProducer], None], what: str = "a unit of work",
@@ -93,9 +113,24 @@ class Transactor:
                 if refused is not None:  # an ACL does not appear by trying again
                     raise refused from exc
                 if error.fatal():
-                    raise FatalTransactionError(
-                        f"fatal transaction error while committing {what} ({error.name()}): {error.str()}; another "
-                        "instance with the same transactional.id may have taken over; restart this role") from exc
+                    cause = self._not_a_newer_instance(error)
+                    if cause is None or reopened >= MAX_REOPENS:
+                        raise FatalTransactionError(
+                            f"fatal transaction error while committing {what} ({error.name()}): {error.str()}; "
+                            "another instance with the same transactional.id may have taken over; restart this "
+                            "role") from exc
+                    reopened += 1
+                    logger.error("fatal transaction error while committing %s (%s: %s); %s: replacing the producer "
+                                 "(same transactional.id) and trying the same unit again", what, error.name(),
+                                 error.str(), cause)
+                    self._reopen()
+                    deadline = time.monotonic() + self.timeout
+                    continue
+                if error.code() in NOT_A_MEMBER:
+                    raise TransactionFailed(
+                        f"could not commit {what}: the consumer group no longer has this member "
+                        f"({error.name()}: {error.str()}); its partitions may be another member's now, and their "
+                        "work is redone by whoever reads them: restart this role") from exc
                 if not (error.txn_requires_abort() or error.retriable()):
                     raise TransactionFailed(f"could not commit {what}: {error.str()}") from exc
                 if time.monotonic() >= deadline:
@@ -111,10 +146,22 @@ class Transactor:
             self.consumer.forget_pending()
         self.committed += 1
 
+    def _not_a_newer_instance(self, error: KafkaError) -> str | None:
+        """Why a fatal error was not caused by a newer instance with this transactional.id, or None when it may
+        have been (see the module docstring)."""
+        if error.code() not in FENCED:
+            return "no fencing"
+        open_s = time.monotonic() - self._began
+        if open_s >= self.producer.transaction_timeout_s:
+            return (f"the transaction was open {open_s:.0f} s, past its transaction.timeout.ms: the coordinator "
+                    "aborted it and fenced this client itself")
+        return None
+
     def _attempt(self, produce: Callable[[RecordProducer], None], points: CommitPoints | None) -> None:
         raw = self.producer.raw
         self.producer.topics_written.clear()
         raw.begin_transaction()
+        self._began = time.monotonic()  # not if begin failed: the failure belongs to the transaction before
         produce(self.producer)
         if points is not None:
             offsets = [TopicPartition(t, p, o, metadata=m) for (t, p), (o, m) in points.items()]
@@ -148,6 +195,7 @@ class Transactor:
         self.producer.discard_delivery_errors()  # the aborted records are discarded anyway
 
     def _reopen(self) -> None:
+        self.replaced += 1
         self.producer.reopen()
         self.producer.init_transactions(self.timeout)
 

@@ -1,5 +1,7 @@
 """The embedded KRaft broker: it answers, transactions work, it never outlives its owner, and the
-`streamrft broker` commands manage a shared one. One session broker plus three short-lived ones (~3 s each)."""
+`streamrft broker` commands manage a shared one (one node, and a 3-node cluster). One session broker plus
+short-lived ones (~3 s each, ~8 s for the cluster); bad cluster settings are refused before any JVM starts.
+The cluster's failover is tested in test_cluster.py."""
 from __future__ import annotations
 
 import os
@@ -13,11 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from streamrft.broker import EmbeddedBroker, ensure_jars, kafka_for
+from streamrft.broker import EmbeddedBroker, check_replication, ensure_jars, kafka_for
 from streamrft.broker.jars import kafka_home, parse_java_major
+from streamrft.broker.placement import java_hash
 from streamrft.broker.state import process_alive, read_state
-from streamrft.config import load_config
-from streamrft.errors import BrokerError
+from streamrft.config import EmbeddedBrokerConfig, load_config
+from streamrft.errors import BrokerError, ConfigError
 
 VERSION = load_config(env={}).broker.kafka_version
 
@@ -68,6 +71,51 @@ def test_old_java_is_refused_with_a_fix(tmp_path: Path, monkeypatch: pytest.Monk
         find_java()
     with pytest.raises(BrokerError, match="could not read the Java version"):
         parse_java_major("command not found")
+
+
+def test_broker_nodes_is_one_or_a_cluster_of_three_to_five() -> None:
+    assert (EmbeddedBrokerConfig().replication_factor, EmbeddedBrokerConfig().min_insync_replicas) == (1, 1)
+    cluster = EmbeddedBrokerConfig(nodes=3)
+    assert (cluster.replication_factor, cluster.min_insync_replicas) == (3, 2)
+    assert EmbeddedBrokerConfig(nodes=5).replication_factor == 3
+    with pytest.raises(ConfigError, match=r"broker\.nodes.*less available than 1 node\. Use 1, or 3"):
+        load_config(overrides={"broker": {"nodes": 2}}, env={})
+    for nodes in (0, 6):
+        with pytest.raises(ConfigError, match=r"1 node or a cluster of 3 to 5.*kafka\.bootstrap_servers"):
+            load_config(overrides={"broker": {"nodes": nodes}}, env={})
+
+
+def test_topics_asking_for_more_replicas_than_nodes_are_refused_before_the_broker_starts() -> None:
+    config = load_config(overrides={"name": "r", "topics": {"experiences": {"replication_factor": 3}}}, env={})
+    with pytest.raises(ConfigError, match=r"rft\.r\.experiences asks for replication_factor 3 and the embedded "
+                                          r"broker has 1 node.*set broker\.nodes to 3"):
+        check_replication(config, 1)
+    check_replication(config, 3)
+
+
+def test_what_the_machine_cannot_hold_is_refused_with_a_fix(tmp_path: Path) -> None:
+    with pytest.raises(BrokerError, match=r"broker\.nodes 3 × broker\.heap 4096g.*lower broker\.heap"):
+        EmbeddedBroker(EmbeddedBrokerConfig(nodes=3, heap="4096g"), data_dir=tmp_path).start()
+    with pytest.raises(BrokerError, match="not a JVM heap size"):
+        EmbeddedBroker(EmbeddedBrokerConfig(heap="lots"), data_dir=tmp_path).start()
+
+
+@pytest.mark.parametrize("held, nodes, holds",
+                         [("kraft", 3, "1-node"), ("node-3", 1, "3-node"), ("node-5", 3, "5-node")])
+def test_a_data_dir_of_a_broker_of_another_size_is_refused(tmp_path: Path, held: str, nodes: int, holds: str) -> None:
+    """A static KRaft quorum cannot grow or shrink: the data dir of another size is refused, not half-used."""
+    (tmp_path / held).mkdir()
+    with pytest.raises(BrokerError, match=f"holds the data of a {holds} broker and broker.nodes is {nodes}"):
+        EmbeddedBroker(EmbeddedBrokerConfig(nodes=nodes), data_dir=tmp_path).start()
+    assert (tmp_path / held).exists()
+
+
+@pytest.mark.parametrize("text, expected", [("", 0), ("a", 97), ("hello", 99162322), ("polygenelubricants", -2**31),
+                                            ("rft.chaos.rollout.w0", -1787827566), ("é€𝄞", 16751501)])
+def test_ids_are_placed_as_kafka_places_them(text: str, expected: int) -> None:
+    """Java's String.hashCode, which Kafka's TransactionStateManager places transactional ids by (the expected
+    values are Java's own)."""
+    assert java_hash(text) == expected
 
 
 def test_configured_cluster_is_used_as_is() -> None:
@@ -184,17 +232,18 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
 
 
 @pytest.mark.kafka
-def test_cli_start_status_stop(isolated_cache: dict[str, str]) -> None:
+@pytest.mark.parametrize("nodes", [1, 3])
+def test_cli_start_status_stop(isolated_cache: dict[str, str], nodes: int) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "streamrft.cli", "broker", *args], env=isolated_cache,
                               capture_output=True, text=True, timeout=120)
 
     assert cli("status").returncode == 1
-    started = cli("start")
+    started = cli("start", "--nodes", str(nodes))
     try:
         assert started.returncode == 0, started.stderr
         bootstrap = started.stdout.strip().splitlines()[-1]
-        assert _port_open(bootstrap)
+        assert len(bootstrap.split(",")) == nodes and all(_port_open(address) for address in bootstrap.split(","))
 
         again = cli("start")
         assert again.returncode == 1 and "already running" in again.stderr
@@ -202,6 +251,7 @@ def test_cli_start_status_stop(isolated_cache: dict[str, str]) -> None:
         status = cli("status")
         assert status.returncode == 0 and status.stdout.strip() == bootstrap
         assert "0 topics" in status.stderr
+        assert nodes == 1 or "3 of 3 nodes up" in " ".join(status.stderr.split())  # rich wraps long lines
 
         # every command finds this broker instead of starting its own
         with kafka_for(load_config(env={})) as found:
@@ -211,10 +261,20 @@ def test_cli_start_status_stop(isolated_cache: dict[str, str]) -> None:
     finally:
         stopped = cli("stop")
     assert stopped.returncode == 0 and "stopped" in stopped.stderr
-    assert not _port_open(bootstrap)
-    assert not process_alive(state.pid, state.data_dir) and not Path(state.data_dir).exists()
+    assert not any(_port_open(address) for address in bootstrap.split(","))
+    assert len(state.all_pids) == nodes
+    assert not any(process_alive(pid, state.data_dir) for pid in state.all_pids)
+    assert not Path(state.data_dir).exists()
     assert read_state() is None
     assert cli("status").returncode == 1
+
+
+def test_cli_refuses_a_two_node_cluster_with_the_reason(isolated_cache: dict[str, str]) -> None:
+    done = subprocess.run([sys.executable, "-m", "streamrft.cli", "broker", "start", "--nodes", "2"],
+                          env=isolated_cache, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "--nodes 2: 2 nodes make a KRaft quorum that stops when either node stops" in done.stderr
+    assert read_state() is None
 
 
 @pytest.mark.kafka

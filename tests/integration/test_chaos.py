@@ -1,7 +1,9 @@
 """Chaos, the short version of ``bench/chaos.py`` (the same code, loaded from that file): 8 steps, 2 rollout
 workers, one SIGKILL of a worker, of the explorer and of the trainer, and one broker restart, then the run's
-invariants (see the bench's docstring). The harness starts a broker of its own (it must restart it on the same
-data dir), so it ignores KAFKA_BOOTSTRAP. A second test shows that the checks catch what they claim to catch."""
+invariants (see the bench's docstring); and on a 3-node cluster, one SIGKILL of a worker and one of a broker (the
+transaction coordinator of a worker), the same checks. The harness starts brokers of its own (it must restart
+them on the same data dir), so it ignores KAFKA_BOOTSTRAP. A test shows that the checks catch what they claim to
+catch."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,6 +53,34 @@ def test_a_run_under_chaos_loses_and_doubles_nothing(outcome):
     assert figures["tasks"] == figures["requests"] == STEPS * 4
     assert figures["trained"] + figures["dropped stale (audit)"] + figures["dropped, dead-lettered"] + figures[
         "dropped, counted only"] == figures["experiences"]
+
+
+@pytest.fixture(scope="module")
+def cluster_outcome(tmp_path_factory):
+    chaos = _chaos_module()
+    # one round: a worker SIGKILLed, then (once the loop is settled) the transaction coordinator of a live worker
+    settings = chaos.ChaosSettings(out=tmp_path_factory.mktemp("chaos-cluster") / "run", seed=7, steps=10,
+                                   workers=2, kill_every_s=4.0, rounds=1, tail_steps=2, fake_latency_s=0.3,
+                                   stall_s=120, timeout_s=420, nodes=3, role_deck=("worker",),
+                                   broker_deck=("coordinator",))
+    return chaos.run_chaos(settings)
+
+
+def test_a_run_on_a_cluster_loses_and_doubles_nothing_when_a_broker_dies(cluster_outcome):
+    chaos, verdict = cluster_outcome.chaos, cluster_outcome.verdict
+    assert chaos.finished, f"{chaos.aborted}\n" + "\n".join(chaos.events + chaos.stacks)
+    assert (chaos.kills["worker"], chaos.kills["broker"]) == (1, 1), chaos.events
+    [action] = chaos.broker_actions
+    assert action.name == "coordinator" and action.healed is not None, chaos.events
+    assert chaos.crashes == [], [(c.role, c.tail) for c in chaos.crashes]  # every role rode the failover out
+    assert verdict.violations == {}, "\n".join(chaos.events)
+    figures = verdict.figures
+    assert figures["duplicates"] == 0 and figures["lost"] == 0
+    assert figures["tasks"] == figures["requests"] == 10 * 4
+    assert figures["trained"] + figures["dropped stale (audit)"] + figures["dropped, dead-lettered"] + figures[
+        "dropped, counted only"] == figures["experiences"]
+    # what the failover cost the loop was measured (results kept arriving, or the gap is known)
+    assert action.loop_stall_s is not None and action.loop_stall_s < 60, action
 
 
 def test_the_checks_catch_doubles_and_losses(outcome):
