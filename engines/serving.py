@@ -31,6 +31,8 @@ from .inference.base import Completion, InferenceEngine, Prompt, SamplingParams,
 
 logger = logging.getLogger(__name__)
 
+MAX_RETRY_AFTER_S = 60.0
+
 
 class Overloaded(RuntimeError):
     """The loop holds as many jobs as it may; ``retry_after_s``: when one is likely to have left."""
@@ -144,8 +146,9 @@ class ServingLoop:
             self._lock.notify_all()
 
     def _retry_after_s(self) -> float:
+        """The median time recent requests took: by then one has likely left (1 s to MAX_RETRY_AFTER_S)."""
         typical = sorted(self._recent_s)[len(self._recent_s) // 2] if self._recent_s else 1.0
-        return max(1.0, typical)
+        return min(MAX_RETRY_AFTER_S, max(1.0, typical))
 
     # -- the engine's thread --------------------------------------------------------------------------------
     def step(self, timeout: float = 0.05) -> None:

@@ -12,6 +12,8 @@ from .roles import _run_role
 
 logger = logging.getLogger(__name__)
 
+KEEP_ALIVE_S = 75  # seconds an idle client connection is kept (above serving.MAX_RETRY_AFTER_S)
+
 
 def register(subparsers) -> None:
     serve = subparsers.add_parser("serve", help="serve the run's model over an OpenAI-compatible HTTP API and "
@@ -48,9 +50,11 @@ def http_server(role, *, host: str | None = None, port: int | None = None):
     from streamrft.consumers.serve_api import create_app
 
     settings = role.settings
+    # keep-alive longer than any Retry-After the server gives (serve_api): a client that waits it out and sends
+    # on its pooled connection must not find the server closing it at that moment (uvicorn's default is 5 s)
     config = uvicorn.Config(create_app(role), host=host or settings.host,
                             port=settings.port if port is None else port, log_level="warning",
-                            access_log=False)
+                            access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
     return uvicorn.Server(config)
 
 
