@@ -151,6 +151,7 @@ class RolloutWorker:
         # refused weight signals go to sync.dlq once for the whole group, however many workers refuse them
         self._refusal_ledger = clients.dead_letter_ledger(config.consumer_group("rollout"), config.topic("sync"))
         self._refusal_letters: list = []
+        self._staged_letters: list = []  # the refusals' letters in the unit being committed
         self.handled = 0
         self.max_requests: int | None = None
         self.c_requests = Counter("streamrft_rollout_requests", "requests handled, by status", ["status"],
@@ -199,6 +200,17 @@ class RolloutWorker:
 
     def finish(self, unit: UnitOfWork) -> None:
         pass
+
+    def rejoin(self, unit: UnitOfWork) -> None:
+        """The group let this worker go and its unit could not commit (``MembershipLost``): the unit's results
+        are dropped with the requests still running, and the worker joins again; every request read since the
+        last commit is read again from the committed offsets, by this worker or by the member that has its
+        partition now."""
+        unit.discard()
+        self._refusal_letters[:0] = self._staged_letters  # not sent: the next unit sends them
+        self._staged_letters = []
+        self.consumer.rejoin()
+        self._forget_revoked()
 
     # 1. read ----------------------------------------------------------------------------------------------
     def _room(self) -> int:
@@ -353,6 +365,7 @@ class RolloutWorker:
         """Every outcome since the last commit, with the ledger's commit points, for the unit's transaction."""
         self._note_refusals()
         letters, self._refusal_letters = self._refusal_letters, []
+        self._staged_letters = letters
         for letter in letters:
             unit.dead_letter(letter)
         if self.settings.batching == "batch" and (self.core.running or self.core.waiting):

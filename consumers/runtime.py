@@ -14,6 +14,12 @@ commit; docs/architecture.md, "Roles"):
 
 ``role.start(unit)`` runs before the first pass and ``role.finish(unit)`` after the last (the role's work is over, or
 a stop was requested); what ``finish`` stages is committed too.
+
+When the commit fails because the role's consumer group let it go (``MembershipLost``: it missed its session or
+its poll interval, as a worker can during a group coordinator's failover), a role that defines ``rejoin(unit)``
+drops what it read since its last commit and joins again (the rollout worker: nothing else is lost, its
+partitions are read again from the committed offsets, by it or by another member); any other role stops with the
+error, to be restarted from its checkpoint.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from streamrft.config import RunConfig
 from streamrft.config.topics import KINDS_BY_NAME
-from streamrft.kafka import KafkaClients, RecordConsumer, RecordProducer, Transactor
+from streamrft.kafka import KafkaClients, MembershipLost, RecordConsumer, RecordProducer, Transactor
 from streamrft.kafka.consumer import CommitPoints
 from streamrft.lifecycle import StopSignal
 from streamrft.sync import SyncView
@@ -65,6 +71,9 @@ class RoleRuntime:
         self.registry = CollectorRegistry()
         self._dead_letters = Counter("streamrft_dead_letters", "records sent to a dead-letter topic",
                                      ["topic", "reason"], registry=self.registry)
+        self._rejoins = Counter("streamrft_group_rejoins", "times the role joined its consumer group again after "
+                                "the group let it go (what it had read since its last commit is read again)",
+                                registry=self.registry)
         self._closers: list[tuple[str, Callable[[], None]]] = []
         self.producer = clients.producer(transactional_id=transactional_id, client_id=source,
                                          extra=producer_extra)
@@ -127,7 +136,15 @@ class RoleRuntime:
             if self.sync is not None and follows_signals:
                 self.sync.poll(0)  # 1.
             going = role.handle(unit)  # 2.
-            unit.commit()  # 3.
+            try:
+                unit.commit()  # 3.
+            except MembershipLost as exc:
+                rejoin = getattr(role, "rejoin", None)
+                if rejoin is None:
+                    raise
+                logger.warning("%s: %s; joining the group again instead", self.source, exc)
+                self._rejoins.inc()
+                rejoin(unit)
         role.finish(unit)
         unit.commit()
 

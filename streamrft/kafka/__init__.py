@@ -23,7 +23,7 @@ from .dlq import DeadLetter, DeadLetterLedger, dead_letter, dlq_topic_of
 from .producer import DeliveryError, RecordProducer
 from .props import admin_props, consumer_props, producer_props
 from .serde import Serde
-from .transaction import FatalTransactionError, TransactionFailed, Transactor
+from .transaction import FatalTransactionError, MembershipLost, TransactionFailed, Transactor
 
 logger = logging.getLogger(__name__)
 # errors of a cluster that is (for now) not answering, or whose leader or coordinator is moving
@@ -44,7 +44,7 @@ def unanswered(exc: BaseException) -> bool:
 __all__ = [
     "KafkaClients", "unanswered", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter",
     "dead_letter",
-    "dlq_topic_of", "Serde", "Transactor", "TransactionFailed", "FatalTransactionError", "DeadLetterLedger",
+    "dlq_topic_of", "Serde", "Transactor", "TransactionFailed", "MembershipLost", "FatalTransactionError", "DeadLetterLedger",
 ]
 
 

@@ -86,8 +86,11 @@ class RecordConsumer(Generic[R]):
         self.focus: str | None = None  # see read_only(): the one topic fetched from, of several
         self.subscribed = subscribe
         if subscribe:
-            self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                     on_lost=self._on_revoke)
+            self._subscribe()
+
+    def _subscribe(self) -> None:
+        self._consumer.subscribe(self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                 on_lost=self._on_revoke)
 
     # -- rebalance ------------------------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -211,6 +214,18 @@ class RecordConsumer(Generic[R]):
         """The group's committed offset and metadata of each partition (offset -1 when none is committed)."""
         found = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else -1, tp.metadata or "") for tp in found}
+
+    def rejoin(self) -> None:
+        """Join the group anew after it let this member go (a commit answered UNKNOWN_MEMBER_ID or
+        ILLEGAL_GENERATION): every partition counts as revoked now (:meth:`take_revoked`), and whatever the group
+        gives this member next is read from its committed offset, not from where this member had read to."""
+        for partition in self.assigned:
+            self._revoked.add(partition)
+        self.assigned.clear()
+        self._pending.clear()
+        self.at_eof.clear()
+        self._consumer.unsubscribe()
+        self._subscribe()
 
     def take_revoked(self) -> set[tuple[str, int]]:
         """Partitions revoked since the last call (see ``_revoked``)."""

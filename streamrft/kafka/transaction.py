@@ -67,6 +67,14 @@ class TransactionFailed(RuntimeError):
     """A unit of work could not be committed before the deadline; nothing of it is visible."""
 
 
+class MembershipLost(TransactionFailed):
+    """The unit's offsets belong to a consumer group that no longer has this member (it missed its session or
+    max.poll.interval.ms, e.g. through a coordinator's failover): nothing of the unit is visible, and its
+    partitions may be another member's now. A role that holds nothing but what it read since its last commit
+    rejoins the group (:meth:`RecordConsumer.rejoin`) and reads again from the committed offsets; the others
+    stop with this message."""
+
+
 class ProducerStuck(RuntimeError):
     """A librdkafka call blocked past its timeout (see the module docstring)."""
 
@@ -127,7 +135,7 @@ class Transactor:
                     deadline = time.monotonic() + self.timeout
                     continue
                 if error.code() in NOT_A_MEMBER:
-                    raise TransactionFailed(
+                    raise MembershipLost(
                         f"could not commit {what}: the consumer group no longer has this member "
                         f"({error.name()}: {error.str()}); its partitions may be another member's now, and their "
                         "work is redone by whoever reads them: restart this role") from exc

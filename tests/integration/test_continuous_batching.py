@@ -76,3 +76,46 @@ def test_requests_commit_as_each_is_done_and_the_next_reader_redoes_only_the_unf
     experiences = _read(clients, config, "experiences", Experience)
     assert len({e.eid for e in experiences}) == len(experiences) == SLOW_SAMPLES + FAST
     assert {e.worker_id for e in experiences if e.group_id == "slow"} == {"w2"}
+
+
+def test_a_worker_its_group_let_go_joins_again_and_redoes_only_what_it_had_not_committed(run_config):
+    """The group lets a worker go while it holds uncommitted work (here: one engine call outlives
+    max.poll.interval.ms, as a worker stuck through a group coordinator's failover does); its commit is refused,
+    and instead of stopping the worker joins again and reads again from the committed offsets: every request has
+    exactly one result, and the worker is still running."""
+    config = run_config(rollout={"engine": "fake", "metrics_port": None, "requests_in_flight": 2},
+                        topics={"rollouts": {"partitions": 1}},
+                        kafka={"consumer": {"max.poll.interval.ms": 6000, "session.timeout.ms": 6000,
+                                            "heartbeat.interval.ms": 1000}})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    producer = clients.producer()
+    requests = [_request(f"r{i}", 1) for i in range(6)]
+    for request in requests:
+        producer.produce(config.topic("rollouts"), request)
+    producer.flush()
+
+    stalled = []
+
+    def responder(prompt: str, index: int) -> str:
+        if not stalled:  # the first call only: longer than max.poll.interval.ms without a poll
+            stalled.append(prompt)
+            time.sleep(9)
+        return "2"
+
+    worker = RoleThread("w1", lambda stop: RolloutWorker(
+        config, clients, stop, "w1", engine=create_engine("fake", responder=responder))).start()
+    deadline = time.monotonic() + 90
+    while len(_read(clients, config, "results", RolloutResult)) < len(requests):
+        assert time.monotonic() < deadline and worker.error is None, worker.error
+        time.sleep(0.5)
+    assert worker.thread.is_alive() and worker.error is None  # it joined again instead of stopping
+    rejoins = worker.role.runtime.registry.get_sample_value("streamrft_group_rejoins_total")
+    worker.stop.request()
+    worker.join(30)
+
+    assert stalled and rejoins == 1
+    results = Counter(r.request_id for r in _read(clients, config, "results", RolloutResult))
+    assert results == Counter({r.request_id: 1 for r in requests})
+    experiences = _read(clients, config, "experiences", Experience)
+    assert len({e.eid for e in experiences}) == len(experiences) == len(requests)
