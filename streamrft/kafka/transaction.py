@@ -138,7 +138,8 @@ class Transactor:
                     raise MembershipLost(
                         f"could not commit {what}: the consumer group no longer has this member "
                         f"({error.name()}: {error.str()}); its partitions may be another member's now, and their "
-                        "work is redone by whoever reads them: restart this role") from exc
+                        "work is redone by whoever reads them (a rollout worker joins the group again by itself; "
+                        "restart any other role)") from exc
                 if not (error.txn_requires_abort() or error.retriable()):
                     raise TransactionFailed(f"could not commit {what}: {error.str()}") from exc
                 if time.monotonic() >= deadline:

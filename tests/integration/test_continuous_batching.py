@@ -3,6 +3,7 @@ are done, out of order, and whoever reads the partition next redoes exactly the 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 
@@ -79,10 +80,10 @@ def test_requests_commit_as_each_is_done_and_the_next_reader_redoes_only_the_unf
 
 
 def test_a_worker_its_group_let_go_joins_again_and_redoes_only_what_it_had_not_committed(run_config):
-    """The group lets a worker go while it holds uncommitted work (here: one engine call outlives
-    max.poll.interval.ms, as a worker stuck through a group coordinator's failover does); its commit is refused,
-    and instead of stopping the worker joins again and reads again from the committed offsets: every request has
-    exactly one result, and the worker is still running."""
+    """The group lets a worker go while it holds uncommitted work (here: its first unit waits longer than
+    max.poll.interval.ms before its commit, as a worker stuck through a group coordinator's failover does, while
+    another member is in the group); its commit is refused, and instead of stopping the worker joins again and reads again from the
+    committed offsets: every request has exactly one result, and the worker is still running."""
     config = run_config(rollout={"engine": "fake", "metrics_port": None, "requests_in_flight": 2},
                         topics={"rollouts": {"partitions": 1}},
                         kafka={"consumer": {"max.poll.interval.ms": 6000, "session.timeout.ms": 6000,
@@ -95,26 +96,49 @@ def test_a_worker_its_group_let_go_joins_again_and_redoes_only_what_it_had_not_c
         producer.produce(config.topic("rollouts"), request)
     producer.flush()
 
-    stalled = []
+    stalled = threading.Event()
 
-    def responder(prompt: str, index: int) -> str:
-        if not stalled:  # the first call only: longer than max.poll.interval.ms without a poll
-            stalled.append(prompt)
-            time.sleep(9)
-        return "2"
+    class StuckCommitting(RolloutWorker):
+        def _stage(self, unit):
+            super()._stage(unit)
+            if unit.due and not stalled.is_set():  # its first unit: longer than max.poll.interval.ms, no poll
+                stalled.set()
+                time.sleep(9)
 
-    worker = RoleThread("w1", lambda stop: RolloutWorker(
-        config, clients, stop, "w1", engine=create_engine("fake", responder=responder))).start()
+    worker = RoleThread("w1", lambda stop: StuckCommitting(config, clients, stop, "w1",
+                                                           engine=create_engine("fake"))).start()
+    assert stalled.wait(60), worker.error
+
+    # Another member joins meanwhile, so the group moves on without the stalled worker (alone, its late commit
+    # could land as the empty group's). It reads and never commits; it leaves once the worker has joined again.
+    bystander_leaves = threading.Event()
+
+    def bystander():
+        member = clients.consumer([config.topic("rollouts")], RolloutRequest, config.consumer_group("rollout"),
+                                  dead_letters=False)
+        while not bystander_leaves.is_set():
+            member.poll(max_records=10, timeout=0.2)
+        member.close()
+
+    standing_by = threading.Thread(target=bystander, daemon=True)
+    standing_by.start()
+    rejoins = lambda: worker.role.runtime.registry.get_sample_value("streamrft_group_rejoins_total")  # noqa: E731
+    deadline = time.monotonic() + 60
+    while rejoins() < 1:
+        assert time.monotonic() < deadline and worker.error is None, worker.error
+        time.sleep(0.2)
+    bystander_leaves.set()
+    standing_by.join(30)
+
     deadline = time.monotonic() + 90
     while len(_read(clients, config, "results", RolloutResult)) < len(requests):
         assert time.monotonic() < deadline and worker.error is None, worker.error
         time.sleep(0.5)
     assert worker.thread.is_alive() and worker.error is None  # it joined again instead of stopping
-    rejoins = worker.role.runtime.registry.get_sample_value("streamrft_group_rejoins_total")
+    assert rejoins() == 1
     worker.stop.request()
     worker.join(30)
 
-    assert stalled and rejoins == 1
     results = Counter(r.request_id for r in _read(clients, config, "results", RolloutResult))
     assert results == Counter({r.request_id: 1 for r in requests})
     experiences = _read(clients, config, "experiences", Experience)
