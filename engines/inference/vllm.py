@@ -111,6 +111,8 @@ class _Sample:
     logprobs: list[float] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
     switches: list[tuple[int, int]] = field(default_factory=list)
+    finish_reason: str | None = None  # from the delta that ended it
+    stop_reason: Any = None
 
     def took_over(self, version: int) -> None:
         """New weights from the next token on."""
@@ -141,6 +143,8 @@ class _Call:
         progress.ids += ids
         progress.logprobs += logprobs
         progress.text.append(output.text)
+        if output.finish_reason is not None:
+            progress.finish_reason, progress.stop_reason = output.finish_reason, output.stop_reason
         if ids and self.on_tokens is not None:
             self.on_tokens(prompt, sample, ids, logprobs)
 
@@ -278,7 +282,7 @@ class VLLMEngine(InferenceEngine):
                     vllm_params.output_kind = output_kind
                     self.llm.llm_engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids), vllm_params)
                     added.append(request_id)
-                    self._owner[request_id] = (call, i, j)
+                    self._owner[request_id] = (call, i, j, count)
         except Exception as exc:  # this call fails alone; the engine keeps the others
             self._forget(added)
             self._ready.append((key, exc))
@@ -293,16 +297,20 @@ class VLLMEngine(InferenceEngine):
         for output in self.llm.llm_engine.step():
             if output.request_id not in self._owner:
                 continue
-            call, i, j = self._owner[output.request_id]
+            call, i, j, count = self._owner[output.request_id]
             if call.progress is not None:
                 for sample in output.outputs:
                     call.grew(i, j + sample.index, sample)
             if not output.finished:
                 continue
             del self._owner[output.request_id]
-            call.samples[i] += [(j + sample.index, self.completion(list(output.prompt_token_ids), sample,
-                                                                   self._progress_of(call, i, j + sample.index)))
-                                for sample in output.outputs]
+            prompt_ids = list(output.prompt_token_ids)
+            if call.progress is not None:  # a DELTA output holds only the samples that grew in its step
+                call.samples[i] += [(j + k, self._built(prompt_ids, self._progress_of(call, i, j + k)))
+                                    for k in range(count)]
+            else:
+                call.samples[i] += [(j + sample.index, self.completion(prompt_ids, sample))
+                                    for sample in output.outputs]
             call.open -= 1
             if call.open == 0:
                 del self._calls_by_key[call.key]
@@ -312,7 +320,7 @@ class VLLMEngine(InferenceEngine):
     def abort(self, keys: Iterable[Hashable]) -> None:
         dropped = set(keys)
         self._ready = [(key, result) for key, result in self._ready if key not in dropped]
-        ids = [rid for rid, (call, _, _) in self._owner.items() if call.key in dropped]
+        ids = [rid for rid, (call, *_) in self._owner.items() if call.key in dropped]
         self._forget(ids)
         for key in dropped:
             self._calls_by_key.pop(key, None)
@@ -341,20 +349,22 @@ class VLLMEngine(InferenceEngine):
             return None
         return call.progress.setdefault((prompt, sample), _Sample(call.version))  # none if it made no token
 
-    def completion(self, prompt_ids: list[int], sample: Any, progress: _Sample | None = None) -> Completion:
-        """Our Completion of one vLLM ``CompletionOutput``: the whole sample (FINAL_ONLY), or its last delta with
-        what came before it in ``progress``."""
-        stop_reason = sample.stop_reason if isinstance(sample.stop_reason, str) else None
-        finish = "length" if sample.finish_reason == "length" else "stop"
-        if progress is not None:
-            return Completion(
-                prompt_ids=prompt_ids, response_ids=progress.ids, logprobs=progress.logprobs,
-                text="".join(progress.text), finish_reason=finish, model_version=progress.version,
-                stop_reason=stop_reason, version_switches=progress.switches)
+    def completion(self, prompt_ids: list[int], sample: Any) -> Completion:
+        """Our Completion of one whole vLLM ``CompletionOutput`` (FINAL_ONLY)."""
         ids = list(sample.token_ids)
         logprobs = [step[token].logprob for token, step in zip(ids, sample.logprobs)]
         return Completion(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, text=sample.text,
-                          finish_reason=finish, model_version=self._version, stop_reason=stop_reason)
+                          finish_reason=_finish(sample.finish_reason), model_version=self._version,
+                          stop_reason=_stop(sample.stop_reason))
+
+    @staticmethod
+    def _built(prompt_ids: list[int], progress: _Sample) -> Completion:
+        """Our Completion of a sample built up from vLLM's DELTA outputs."""
+        return Completion(
+            prompt_ids=prompt_ids, response_ids=progress.ids, logprobs=progress.logprobs,
+            text="".join(progress.text), finish_reason=_finish(progress.finish_reason),
+            model_version=progress.version, stop_reason=_stop(progress.stop_reason),
+            version_switches=progress.switches)
 
     # -- weights -------------------------------------------------------------------------------------------
 
@@ -405,3 +415,12 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(
             "the vllm engine returns logprobs after top-k/top-p renormalisation, which a trainer cannot "
             "reproduce; sample with top_k=0 and top_p=1.0")
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _stop(reason: Any) -> str | None:
+    """The stop string that ended a sample (vLLM gives a token id when a stop token did)."""
+    return reason if isinstance(reason, str) else None

@@ -300,7 +300,10 @@ def test_weights_loaded_in_flight_take_over_a_running_sample_from_the_next_token
                   if len(engine.generate([PROMPTS[0]], p)[0][0].response_ids) >= 30)  # long enough to swap inside
     monkeypatch.setattr(engine, "loads_in_flight", True)
     engine.submit("running", [PROMPTS[0]], params)
-    engine.submit("waiting", [PROMPTS[1]], params.replace(seed=None, max_tokens=8), n=2)
+    # unseeded, n > 1: one vLLM request of 8 samples, whose DELTA outputs name only the samples that grew; a
+    # third of the tiny vocabulary stops a sample, so they end at different steps (all 8 alike: p < 1e-3)
+    stops = tuple("0123456789abcdefghijklmnopqrstuvwxyz")
+    engine.submit("waiting", [PROMPTS[1]], params.replace(seed=None, max_tokens=12, stop=stops), n=8)
     done = {}
     for _ in range(10):
         done.update(engine.step())
@@ -308,6 +311,9 @@ def test_weights_loaded_in_flight_take_over_a_running_sample_from_the_next_token
     engine.load_weights(newer, 4)  # in flight
     while engine.unfinished:
         done.update(engine.step())
+    waiting = done["waiting"][0]
+    assert len(waiting) == 8 and all(c.response_ids and len(c.logprobs) == len(c.response_ids) for c in waiting)
+    assert len({len(c.response_ids) for c in waiting}) > 1, waiting  # they ended at different steps
     sample = done["running"][0][0]
     assert sample.model_version == 3 and sample.last_version == 4
     (switch, version), = sample.version_switches
