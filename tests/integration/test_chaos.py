@@ -7,32 +7,19 @@ catch."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
+from .chaos_harness import chaos_module
+
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 STEPS = 8
-
-
-def _chaos_module():
-    """bench/ is not a package: load bench/chaos.py by path (registered, so its dataclasses resolve)."""
-    name = "streamrft_bench_chaos"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, BENCH)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory):
-    chaos = _chaos_module()
+    chaos = chaos_module()
     # one round: a worker, the explorer and the trainer killed once each (seeded order), the broker restarted
     settings = chaos.ChaosSettings(out=tmp_path_factory.mktemp("chaos") / "run", seed=7, steps=STEPS, workers=2,
                                    kill_every_s=4.0, rounds=1, tail_steps=2, fake_latency_s=0.3, stall_s=120,
@@ -57,7 +44,7 @@ def test_a_run_under_chaos_loses_and_doubles_nothing(outcome):
 
 @pytest.fixture(scope="module")
 def cluster_outcome(tmp_path_factory):
-    chaos = _chaos_module()
+    chaos = chaos_module()
     # one round: a worker SIGKILLed, then (once the loop is settled) the transaction coordinator of a live worker
     settings = chaos.ChaosSettings(out=tmp_path_factory.mktemp("chaos-cluster") / "run", seed=7, steps=10,
                                    workers=2, kill_every_s=4.0, rounds=1, tail_steps=2, fake_latency_s=0.3,
@@ -86,7 +73,7 @@ def test_a_run_on_a_cluster_loses_and_doubles_nothing_when_a_broker_dies(cluster
 def test_the_checks_catch_doubles_and_losses(outcome):
     """The same records with one fault injected each: the checker must name it (a test that cannot fail is
     worse than none)."""
-    chaos = _chaos_module()
+    chaos = chaos_module()
     observed = outcome.observed
     lifetimes = outcome.chaos.trainer_lifetimes
     first = observed.experiences[0]

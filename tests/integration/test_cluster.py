@@ -7,14 +7,11 @@ One 3-node cluster for the module, secured (SASL/SCRAM, so every test also shows
 one starts on a whole cluster. The harness ignores KAFKA_BOOTSTRAP: it must kill brokers of its own."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import threading
 import time
 import uuid
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaError, Producer
@@ -32,13 +29,13 @@ from streamrft.kafka import FatalTransactionError, KafkaClients, TransactionFail
 from streamrft.kafka.reader import read_to_end
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal, Task
 
+from .chaos_harness import chaos_module
 from .roles import RoleThread, produce_tasks, wait_for, wait_for_explorer_step
 from .test_security import SecuredRun
 
 pytestmark = [pytest.mark.kafka]
 
 INTERNAL_TOPICS = ("__consumer_offsets", "__transaction_state")
-CHAOS = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +277,7 @@ def loop_through_refusals(cluster, tiny_model_dir, tmp_path_factory):
         wait_for(roles["explorer"], [roles["worker"]], 60)
         outcome["trained"] = roles["trainer"].result
         outcome["explorer_done"] = roles["explorer"].result.done
-        outcome["observed"] = _chaos().observe_topics(config, cluster.bootstrap_servers, tmp / "ckpt")
+        outcome["observed"] = chaos_module().observe_topics(config, cluster.bootstrap_servers, tmp / "ckpt")
         _set_min_insync(cluster, topics, "2")
         yield outcome
     finally:
@@ -308,17 +305,6 @@ def _refused_write(cluster: EmbeddedBroker, topic: str, attempts: int = 3) -> li
     return answers
 
 
-def _chaos():
-    """bench/chaos.py by path (bench/ is not a package), for its exact-set checks."""
-    name = "streamrft_bench_chaos"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, CHAOS)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.mark.model
 def test_min_insync_refusals_make_roles_wait_and_resume_with_nothing_lost(loop_through_refusals):
     outcome = loop_through_refusals
@@ -327,7 +313,7 @@ def test_min_insync_refusals_make_roles_wait_and_resume_with_nothing_lost(loop_t
     assert outcome["alive_after_outage"] == {"worker": True, "explorer": True, "trainer": True}  # ...no role died
     steps = outcome["steps"]
     assert outcome["trained"] == steps and outcome["explorer_done"]  # ...and resumed to the end
-    verdict = _chaos().check(outcome["observed"], [], steps)
+    verdict = chaos_module().check(outcome["observed"], [], steps)
     assert verdict.violations == {}
     figures = verdict.figures
     assert figures["duplicates"] == 0 and figures["lost"] == 0
