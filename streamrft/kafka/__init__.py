@@ -43,8 +43,8 @@ def unanswered(exc: BaseException) -> bool:
 
 __all__ = [
     "KafkaClients", "unanswered", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter",
-    "dead_letter",
-    "dlq_topic_of", "Serde", "Transactor", "TransactionFailed", "MembershipLost", "FatalTransactionError", "DeadLetterLedger",
+    "dead_letter", "dlq_topic_of", "Serde", "Transactor", "TransactionFailed", "MembershipLost",
+    "FatalTransactionError", "DeadLetterLedger",
 ]
 
 

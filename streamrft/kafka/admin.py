@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-
 from typing import Callable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -123,7 +122,7 @@ def group_lag(admin: AdminClient, consumer: Consumer, reader: Consumer, topic: s
     metadata = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
     if metadata is None or metadata.error is not None:
         return 0
-    committed = committed_offsets(admin, reader, topic, timeout)
+    committed = _committed(reader, topic, list(metadata.partitions), timeout)
     lag = 0
     for partition in metadata.partitions:
         low, high = watermarks(consumer, TopicPartition(topic, partition), timeout)
@@ -138,7 +137,11 @@ def committed_offsets(admin: AdminClient, reader: Consumer, topic: str,
     metadata = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
     if metadata is None or metadata.error is not None:
         return {}
-    found = reader.committed([TopicPartition(topic, p) for p in metadata.partitions], timeout=timeout)
+    return _committed(reader, topic, list(metadata.partitions), timeout)
+
+
+def _committed(reader: Consumer, topic: str, partitions: list[int], timeout: float) -> dict[tuple[str, int], int]:
+    found = reader.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout)
     return {(tp.topic, tp.partition): tp.offset for tp in found if tp.offset >= 0}
 
 
