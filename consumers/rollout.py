@@ -241,7 +241,7 @@ class RolloutWorker:
         items = [i for i in items if (i.topic, i.partition) in self.consumer.assigned]
         unknown = sorted({(i.topic, i.partition) for i in items if not self.ledger.knows((i.topic, i.partition))})
         if unknown:
-            for partition, (offset, metadata) in self.consumer.committed(unknown).items():
+            for partition, (offset, metadata) in self.consumer.committed(unknown, timeout=60.0).items():
                 self.ledger.load(partition, offset, metadata)
         for item in items:
             if self.ledger.admit((item.topic, item.partition), item.offset):

@@ -10,6 +10,7 @@ raised as an AuthorizationError naming the topic or group."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Callable, Generic, TypeVar
@@ -20,6 +21,10 @@ from streamrft.schemas import DecodeError, InvalidRecordError, Record
 from .authorization import Refusal, is_refusal
 from .dlq import DeadLetterLedger, dead_letter
 from .producer import RecordProducer
+
+# a group coordinator moving between brokers: asked again, not an error
+COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
+                      KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._WAIT_COORD, KafkaError._TIMED_OUT)
 from .serde import Serde
 
 logger = logging.getLogger(__name__)
@@ -211,8 +216,22 @@ class RecordConsumer(Generic[R]):
                                   asynchronous=False)
 
     def committed(self, partitions: list[tuple[str, int]], timeout: float = 10.0) -> CommitPoints:
-        """The group's committed offset and metadata of each partition (offset -1 when none is committed)."""
-        found = self._consumer.committed([TopicPartition(t, p) for t, p in partitions], timeout=timeout)
+        """The group's committed offset and metadata of each partition (offset -1 when none is committed). A
+        group coordinator that is moving (a broker failing over: NOT_COORDINATOR and the like) is asked again
+        until ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = self._consumer.committed([TopicPartition(t, p) for t, p in partitions],
+                                                 timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if time.monotonic() >= deadline or not (error.retriable() or error.code() in COORDINATOR_MOVING):
+                    raise
+                logger.warning("consumer %s: committed offsets not read yet (%s); asking again", self.group_id,
+                               error.str())
+                time.sleep(0.5)
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else -1, tp.metadata or "") for tp in found}
 
     def rejoin(self) -> None:
