@@ -3,6 +3,7 @@ completions, micro-batches of 16) timed by phase, with the machine's own matmul 
 
     flock /tmp/streamrft-bench.lock .venv/bin/python bench/trainer_step_profile.py [--steps 2] [--bf16]
                                                                                   [--response 48] [--prompt 40]
+                                                                                  [--recompute | --proximal]
 
 Printed per phase (prepare: collate and any logprob recompute; backward: forward + backward of every
 micro-batch; apply: clip + AdamW): seconds, and for the whole step the FLOPs it needs (6 x parameters x tokens
@@ -10,6 +11,10 @@ for forward + backward, 2 x for a forward alone) against what a plain float32 (o
 reaches in the same run. A ratio near 1 means the step is compute-bound: only fewer tokens, fewer FLOPs per
 token (bf16 matrix units) or more cores make it faster; a ratio well below 1 means time goes elsewhere, and the
 profiler's top operators say where.
+
+``--proximal`` instead times the recomputed old (proximal) logprobs both ways, alternating step by step on the
+same engine: a separate no-grad forward in ``prepare`` (``recompute_old_logprobs`` before), and taken from the
+training forward of a batch that trains one update (``train_step`` now; ``engines/training/proximal.py``).
 """
 from __future__ import annotations
 
@@ -71,15 +76,19 @@ def main() -> int:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (trainer.mixed_precision: bf16)")
     parser.add_argument("--recompute", action="store_true", help="recompute the old logprobs (one more forward)")
+    parser.add_argument("--proximal", action="store_true",
+                        help="time recomputed proximal logprobs by a separate forward against in the training pass")
     args = parser.parse_args()
 
     settings = TrainingSettings(lr=1e-5, micro_batch_size=args.micro_batch,
                                 mixed_precision="bf16" if args.bf16 else "no",
-                                recompute_old_logprobs=args.recompute)
+                                recompute_old_logprobs=args.recompute or args.proximal)
     with console.status("loading the model"):
         engine = TrainingEngine.from_pretrained(resolve_model_path(args.model), settings, device="cpu")
     params = sum(p.numel() for p in engine.model.parameters())
     vocab = engine.model.config.vocab_size
+    if args.proximal:
+        return compare_proximal(engine, args, vocab)
     rows = []
     for step in range(args.steps + 1):
         experiences = demo_batch(step, args.prompts, args.repeat, args.prompt, args.response, vocab)
@@ -116,6 +125,30 @@ def main() -> int:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
         engine.optimizer_step(engine.prepare(experiences))
     console.print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    return 0
+
+
+def compare_proximal(engine: TrainingEngine, args: argparse.Namespace, vocab: int) -> int:
+    """One warm-up step, then ``args.steps`` pairs of steps on the same batches: separate forward, in the pass."""
+    ways = {"separate no-grad forward": False, "in the training pass": True}
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    for step in range(args.steps + 1):
+        experiences = demo_batch(step, args.prompts, args.repeat, args.prompt, args.response, vocab)
+        for way, one_update in ways.items():
+            _, step_s = timed(lambda: engine.optimizer_step(engine.prepare(experiences, one_update=one_update)))
+            if step:
+                seconds[way].append(step_s)
+            console.print(f"step {step}{' (warm-up)' if not step else ''}, {way}: {step_s:.2f}s")
+    table = Table(title=f"recomputed proximal logprobs: {args.model}, {args.prompts * args.repeat} sequences, "
+                        f"micro-batch {args.micro_batch}, {'bf16 autocast' if args.bf16 else 'fp32'}, "
+                        f"{torch.get_num_threads()} threads, {args.steps} step(s) each")
+    for column in ("proximal logprobs", "step s (mean)", "steps", "vs separate"):
+        table.add_column(column, justify="right")
+    baseline = sum(seconds["separate no-grad forward"]) / args.steps
+    for way, values in seconds.items():
+        mean = sum(values) / len(values)
+        table.add_row(way, f"{mean:.2f}", " ".join(f"{v:.1f}" for v in values), f"{mean / baseline:.2f}x")
+    console.print(table)
     return 0
 
 

@@ -38,7 +38,11 @@ class Batch:
     teacher_logprobs: torch.Tensor | None = None
     has_teacher: torch.Tensor | None = None
     # filled by TrainingEngine.prepare
-    old_logprobs: torch.Tensor | None = None
+    old_logprobs: torch.Tensor | None = None  # the proximal policy's: the weights' before the optimiser step
+    # prepared for one update: old_logprobs (and the IS weights of reweighted_rows, [B] bool) come from the
+    # training forward itself (.proximal); backward fills them in
+    proximal_in_pass: bool = False
+    reweighted_rows: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     loss_weights: torch.Tensor | None = None  # [B, R] truncated IS weights (1 when not corrected)
@@ -84,8 +88,8 @@ class Batch:
                 values[f.name] = dict(value)
             elif f.name == "group_ids":
                 values[f.name] = [value[i] for i in index.tolist()]
-            elif value is None:
-                values[f.name] = None
+            elif value is None or isinstance(value, bool):
+                values[f.name] = value
             elif f.name in ("input_ids", "attention_mask", "position_ids"):
                 values[f.name] = value[index.to(value.device)][:, seq_cols]
             elif value.dim() == 2:  # per response token

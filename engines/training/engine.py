@@ -41,6 +41,7 @@ from .batch import Batch, collate
 from .distillation import distill_metrics, keep_rows_with_teacher, teacher_inputs
 from .logprobs import response_logprobs
 from .parallel import SingleProcess
+from .proximal import InPassProximal
 from .schedule import build_scheduler
 from .settings import TrainingSettings
 from .supervised import ObjectiveSplit, train_mixed_step
@@ -256,17 +257,26 @@ class TrainingEngine:
         return self.parallel.gather_rows(out, len(batch)) * batch.response_mask
 
     def prepare(
-        self, experiences: Sequence[Experience] | Batch, needs_correction: Sequence[bool] | None = None
+        self, experiences: Sequence[Experience] | Batch, needs_correction: Sequence[bool] | None = None, *,
+        one_update: bool = False,
     ) -> Batch:
         """Collate (unless given a Batch) and fill what the loss needs: old and reference logprobs, KL reward
-        penalty, advantages, truncated importance weights. Batch-level metrics land in ``batch.metrics``."""
+        penalty, advantages, truncated importance weights. Batch-level metrics land in ``batch.metrics``.
+
+        ``one_update``: the batch trains exactly one optimiser step. The recomputed old (proximal) logprobs and
+        the IS weights then come from the training forward itself (:mod:`.proximal`), a forward pass less, when
+        nothing needs them before the loss (no KL reward penalty) and the model has no dropout."""
         s = self.settings
         batch = experiences if isinstance(experiences, Batch) else self.collate(experiences, needs_correction)
         batch = batch.to(self.device)
         mask = batch.response_mask
         corrected = torch.ones_like(batch.needs_correction) if s.reweights_every_row else batch.needs_correction
         recompute = s.recompute_old_logprobs or bool(corrected.any())
-        batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
+        in_pass = recompute and one_update and self.proximal_in_pass_possible
+        if in_pass:
+            batch.proximal_in_pass, batch.reweighted_rows = True, corrected
+        else:
+            batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
         if self.ref_model is not None:
             batch.ref_logprobs = self.compute_logprobs(batch, self.ref_model)
         metrics: dict[str, float] = {}
@@ -296,10 +306,10 @@ class TrainingEngine:
             mask = batch.response_mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
             batch.advantages = batch.advantages * mask
 
-        if recompute:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
+        if recompute and not in_pass:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
             seen = truncated_importance_weights(batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap)
             metrics.update(seen.metrics())
-        if corrected.any():
+        if corrected.any() and not in_pass:
             batch.loss_weights = truncated_importance_weights(
                 batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap, rows=corrected
             ).weights
@@ -326,9 +336,10 @@ class TrainingEngine:
         rows over ranks (the metrics are summed over them). Gradients from earlier ``backward`` calls since the
         last :meth:`apply_gradients` are kept (accumulated).
         """
-        if batch.advantages is None or batch.old_logprobs is None:
+        if batch.advantages is None or (batch.old_logprobs is None and not batch.proximal_in_pass):
             raise RuntimeError("batch is not prepared: call TrainingEngine.prepare() first")
         s = self.settings
+        proximal = InPassProximal(batch, self.parallel, s.tis_cap) if batch.proximal_in_pass else None
         self.begin_accumulation()
         norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
         ntok = max(norms["num_tokens"], 1.0)
@@ -340,7 +351,7 @@ class TrainingEngine:
         for k, micro in enumerate(micro_batches):
             # DDP decides at the forward whether the backward all-reduces: once, after the last micro-batch
             with self.parallel.gradient_sync(self.train_model, last=k == len(micro_batches) - 1):
-                loss, largest_ratio = self._micro_batch_loss(micro.batch, norms, totals, sums)
+                loss, largest_ratio = self._micro_batch_loss(micro.batch, norms, totals, sums, proximal, micro.rows)
                 (loss * weight * self.parallel.loss_scale).backward()  # DDP/FSDP average the ranks' gradients; we sum
             ratio_max = max(ratio_max, largest_ratio)
         summed = self.parallel.sum([*totals.values(), *sums.values()])
@@ -359,18 +370,24 @@ class TrainingEngine:
         if batch.ref_logprobs is not None:
             metrics["actor/kl"] = sums["kl"] / ntok
             metrics["actor/kl_loss"] = totals["kl_loss"]
+        if proximal is not None:
+            metrics.update(proximal.finish())
         return metrics
 
     def _micro_batch_loss(self, mb: Batch, norms: dict[str, float], totals: dict[str, float],
-                          sums: dict[str, float]) -> tuple[torch.Tensor, float]:
-        """The loss of one micro-batch (normalised by the whole step's ``norms``) and its largest ratio (0 with
-        no trained token); adds its metrics' parts to ``totals`` and ``sums``."""
+                          sums: dict[str, float], proximal: InPassProximal | None = None,
+                          rows: Sequence[int] = ()) -> tuple[torch.Tensor, float]:
+        """The loss of one micro-batch (rows ``rows`` of the step's batch, normalised by its ``norms``) and its
+        largest ratio (0 with no trained token); adds its metrics' parts to ``totals`` and ``sums``. With
+        ``proximal``, the micro-batch's proximal logprobs and IS weights are taken from this forward first."""
         s = self.settings
         mask = mb.response_mask
         logp, entropy = response_logprobs(
             self.train_model, mb, temperature=s.temperature, with_entropy=True,
             entropy_grad=s.entropy_coef > 0, autocast_dtype=self.autocast_dtype,
         )
+        if proximal is not None:
+            proximal.take(mb, list(rows), logp)
         out = POLICY_LOSSES.get(s.policy_loss)(logp, mb.old_logprobs, mb.advantages, mask,
                                                clip_low=s.clip_low, clip_high=s.clip_high)
         token_loss = out.token_loss if mb.loss_weights is None else out.token_loss * mb.loss_weights
@@ -438,4 +455,16 @@ class TrainingEngine:
         split = ObjectiveSplit.of(experiences, needs_correction)
         if not split.only_rl:
             return train_mixed_step(self, split)
-        return self.optimizer_step(self.prepare(experiences, needs_correction))
+        return self.optimizer_step(self.prepare(experiences, needs_correction, one_update=True))
+
+    @property
+    def proximal_in_pass_possible(self) -> bool:
+        """Whether a batch that trains one update may take its proximal logprobs from the training forward
+        (:mod:`.proximal`): nothing needs them before the loss (a KL reward penalty does, for the advantages),
+        and the train-mode forward computes what the eval-mode one would (no dropout)."""
+        if self.settings.kl_penalty_coef > 0:
+            return False
+        config = getattr(self.model, "config", None)
+        if getattr(config, "attention_dropout", 0.0):  # Llama-style: functional, in train mode only
+            return False
+        return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())

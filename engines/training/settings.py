@@ -103,8 +103,9 @@ class AlgorithmSettings(EngineSettings):
     kl_estimator: KlEstimatorName = "k3"
     kl_penalty_coef: float = Field(default=0.0, ge=0, description="KL as a reward penalty before advantages")
     kl_penalty_estimator: KlEstimatorName = "k1"
-    # True: one extra forward pass per step gives the PPO ratio's denominator under the trainer's own numerics;
-    # False: the rollout engine's logprobs are used (cheaper; exact up to numerics when rollouts are on-policy).
+    # True: the PPO ratio's denominator is the trainer's own logprob under the weights before the step (taken from
+    # the training forward when the batch trains one update, else by one more forward pass: training/proximal.py);
+    # False: the rollout engine's logprobs are used (exact up to numerics when rollouts are on-policy).
     recompute_old_logprobs: bool = True
     tis: bool = Field(default=False, description="truncated IS on every experience (rollout/trainer mismatch); "
                                                  "stale ones always get it")

@@ -117,7 +117,7 @@ def train_mixed_step(engine: "TrainingEngine", split: ObjectiveSplit) -> dict[st
     by its share of the rows)."""
     metrics: dict[str, float] = {}
     if split.rl:
-        batch = engine.prepare(split.rl, split.rl_flags)
+        batch = engine.prepare(split.rl, split.rl_flags, one_update=True)
         metrics.update(batch.metrics)
         metrics.update(engine.backward(batch, weight=split.share(split.rl)))
     if split.sft:

@@ -324,3 +324,73 @@ def test_entropy_from_logprobs_matches_torch_categorical():
     logits = torch.randn(3, 5, 50, generator=torch.Generator().manual_seed(0)) * 4
     expected = torch.distributions.Categorical(logits=logits).entropy()
     assert torch.allclose(entropy_from_logprobs(torch.log_softmax(logits, -1)), expected, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- proximal logprobs in the pass
+def _mixed_behaviour(engine):
+    """EXPS-like rows whose behaviour logprobs sit off the policy's (ratios 3 and 0.5 and 1.5), one row stale."""
+    current = engine.compute_logprobs(engine.collate(EXPS[:3]))
+    return [
+        make_exp([1, 2, 3, 4, 5], 3, 1.0, "a", logprobs=(current[0, :2] - math.log(3)).tolist()),
+        make_exp([1, 2, 3, 6], 3, 0.0, "a", logprobs=(current[1, :1] + math.log(2)).tolist()),
+        make_exp([7, 8, 9, 10, 11, 12], 2, 0.5, "b", action_mask=[1, 0, 1, 1],
+                 logprobs=(current[2, :4] - math.log(1.5)).tolist()),
+        make_exp([7, 8, 1], 2, 0.0, "b"),
+    ], [True, False, False, True]
+
+
+def _forwards(model) -> list[int]:
+    calls = [0]
+    model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    return calls
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("loss", ["ppo_clip", "decoupled_ppo"])
+def test_one_update_takes_its_proximal_logprobs_from_the_training_pass_with_the_same_gradient(loss):
+    """A batch that trains one step gets the same gradient, weights and mismatch statistics as with the
+    separate no-grad forward, with one forward pass per micro-batch instead of two."""
+    settings = TrainingSettings(lr=1e-3, micro_batch_size=2, policy_loss=loss, tis_cap=2.0, entropy_coef=0.01)
+    separate = TrainingEngine(tiny_llama(), settings, device="cpu")
+    in_pass = TrainingEngine(copy.deepcopy(separate.model), settings, device="cpu")
+    exps, stale = _mixed_behaviour(separate)
+    forwards = _forwards(in_pass.model)
+
+    reference = separate.prepare(exps, stale)
+    batch = in_pass.prepare(exps, stale, one_update=True)
+    assert batch.proximal_in_pass and batch.old_logprobs is None and forwards[0] == 0
+    expected, got = separate.backward(reference), in_pass.backward(batch)
+    assert forwards[0] == 2  # 4 rows in micro-batches of 2: the training forwards alone
+
+    for key in ("actor/pg_loss", "actor/entropy", "actor/pg_clipfrac"):
+        assert got[key] == pytest.approx(expected[key], abs=1e-6), key
+    for key in ("actor/is_ratio_mean", "actor/is_ratio_min", "actor/is_ratio_max", "actor/is_truncated_frac"):
+        assert got[key] == pytest.approx(reference.metrics[key], rel=1e-4), key
+    assert got["actor/is_ratio_max"] == pytest.approx(3.0, rel=1e-4)  # the statistics really were computed
+    torch.testing.assert_close(batch.old_logprobs, reference.old_logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(batch.loss_weights, reference.loss_weights, atol=1e-4, rtol=0)
+    assert not batch.proximal_in_pass  # filled in: a second pass (an epoch) uses them as prepared ones
+    gs, gi = grads(separate.model), grads(in_pass.model)
+    assert gs and gs.keys() == gi.keys()
+    for name in gs:
+        torch.testing.assert_close(gi[name], gs[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.model
+def test_train_step_computes_the_proximal_logprobs_in_the_pass_unless_something_needs_them_first():
+    plain = TrainingEngine(tiny_llama(), TrainingSettings(lr=1e-3, micro_batch_size=4), device="cpu")
+    forwards = _forwards(plain.model)
+    plain.train_step(EXPS)
+    assert forwards[0] == 1
+
+    penalised = TrainingEngine(tiny_llama(), TrainingSettings(lr=1e-3, micro_batch_size=4, kl_penalty_coef=0.05),
+                               device="cpu")
+    assert not penalised.proximal_in_pass_possible  # the advantages need them before the loss
+    assert not penalised.prepare(EXPS, one_update=True).proximal_in_pass
+
+    dropout = tiny_llama()
+    dropout.config.attention_dropout = 0.1
+    assert not TrainingEngine(dropout, TrainingSettings(), device="cpu").proximal_in_pass_possible
+    forwards = _forwards(dropout)
+    TrainingEngine(dropout, TrainingSettings(lr=1e-3, micro_batch_size=4), device="cpu").train_step(EXPS)
+    assert forwards[0] == 2  # the eval-mode forward, then the training one
