@@ -5,8 +5,8 @@ Each pass of the role loop (``RoleRuntime.run``: ``handle``, then the unit's com
 1. poll ``experiences`` (read_committed) into the group buffer (one GRPO group = one ``group_id``);
 2. drop groups still incomplete after ``group_timeout_s``;
 3. pick a batch: ``groups_per_train_step`` complete groups, oldest ``step`` first — or a short batch once
-   the explorer has finished every step in the buffer and everything it wrote is read (failed or cancelled
-   tasks leave a step with fewer groups; waiting for them would deadlock ``fixed`` pacing);
+   the explorer has finished every step in the buffer and everything it wrote is read (``trainer_batches.py``:
+   the batch and end-of-stream rules, of RL and of supervised rows alone);
 4. apply the staleness bound (drop or importance-correct), run one optimiser step, note the eids in the audit;
 5. when pacing says so (every ``sync.interval`` steps) publish the weights — upload first, then
    ``WEIGHTS_PUBLISHED`` (and, under ``trainer_driven``, a SYNC_REQUEST when one is due);
@@ -79,6 +79,7 @@ from .group_buffer import Group, GroupBuffer
 from .model_paths import resolve_model_path
 from .runtime import RoleRuntime
 from .supervised_stream import SupervisedStream
+from .trainer_batches import BatchPicker
 from .unit_of_work import UnitOfWork
 from .weight_sync import CollectivePublisher, ObjectStorePublisher
 
@@ -145,15 +146,6 @@ def parse_replay_from(text: str) -> ReplayStart:
 # ---------------------------------------------------------------------------------------------------------------
 # the role
 # ---------------------------------------------------------------------------------------------------------------
-@dataclass
-class _EndWatch:
-    """End offsets of ``experiences`` read right after the explorer reported (finished_step, done): once the
-    trainer's positions reach them, every experience of those steps has been read."""
-
-    key: tuple[int, bool]
-    ends: Offsets
-
-
 class Trainer:
     def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *, group: str | None = None,
                  replay_from: str | ReplayStart | None = None,
@@ -175,7 +167,6 @@ class Trainer:
         if not self.primary:  # a fan-out trainer keeps its own lineage next to the main one
             ckpt_dir = ckpt_dir.with_name(f"{ckpt_dir.name}-{self.name}")
         self.checkpoints = Checkpoints(ckpt_dir, self.settings.keep_checkpoints)
-        self.groups_per_step = config.groups_per_train_step
         self.pacing = Pacing.of(config)
         self.bound = self.pacing.staleness_bound
         self.codec = SingleObjectCodec()  # checkpointed experiences: registry-independent single-object bytes
@@ -197,7 +188,6 @@ class Trainer:
             self.data = SupervisedStream(self.runtime.consumer(
                 "experiences", f"{self.consumer_group}.data", client_id=f"{self.source}-data", subscribe=False,
                 check_options=fits_the_model, dead_letters=False), self.source)
-        self._data_end: Offsets | None = None  # explorer.mode train: the topic's end when the trainer started
         self._passed_over = 0  # experiences this trainer does not train (module docstring), counted and logged
         self._mix_metrics: dict[str, float] = {}
         self._released: Offsets = {}  # the offsets _release_passed_over committed last, and when
@@ -215,7 +205,7 @@ class Trainer:
         self.checkpointed_step = -1
         self.trained = 0
         self._dropped_incomplete = self._dropped_stale = 0  # since the last step's metrics
-        self._end_watch: _EndWatch | None = None
+        self.batches = BatchPicker(config, self.buffer, self.consumer, clients, self.sync)
         self._prometheus()
 
     def _prometheus(self) -> None:
@@ -278,7 +268,7 @@ class Trainer:
         """Take in what is already fetched — up to the explorer's backlog bound, so the oldest step's groups
         are found even when partitions deliver out of step order — and wait briefly only when no batch is
         ready."""
-        ready = self._batch_ready()
+        ready = self.batches.ready()
         if not (ready and len(self.buffer) >= self.buffer_cap):
             for item in self.consumer.poll(max_records=self.buffer_cap, timeout=0 if ready else POLL_S):
                 if item.record.kind != RolloutKind.TRAIN or not self._trains_here(item):
@@ -287,12 +277,6 @@ class Trainer:
                     logger.warning("%s: duplicate experience %s at %s ignored", self.source, item.record.eid,
                                    item.where)
         self.g_buffered.set(len(self.buffer))
-
-    def _batch_ready(self) -> bool:
-        complete = self.buffer.complete_groups()
-        if self.mode == "train":
-            return sum(len(g.items) for g in complete) >= self.config.train_batch_size
-        return len(complete) >= self.groups_per_step
 
     def _trains_here(self, item: Delivered[Experience]) -> bool:
         """Whether this reader trains the record: RL experiences, or in explorer.mode train supervised ones. The
@@ -328,66 +312,19 @@ class Trainer:
 
     # 3. batch -------------------------------------------------------------------------------------------
     def _next_batch(self) -> list[Group] | None:
-        complete = self.buffer.complete_groups()
-        if self.mode == "train":
-            return self._supervised_batch(complete)
-        if len(complete) >= self.groups_per_step:
-            return complete[: self.groups_per_step]
-        if complete and self._short_batch_allowed():
+        batch = self.batches.next()
+        if batch is not None and self.mode != "train" and self.batches.short(batch):
             logger.info("%s: step %d trains a short batch of %d group(s): the explorer finished step %d",
-                        self.source, self.step, len(complete), self.sync.explorer.finished_step)
-            return complete
-        return None
-
-    def _supervised_batch(self, complete: list[Group]) -> list[Group] | None:
-        """explorer.mode train: whole groups in the order read until the batch holds train_batch_size rows;
-        fewer once the data is read to its end."""
-        batch, rows = [], 0
-        for group in complete:
-            if rows >= self.config.train_batch_size:
-                break
-            batch.append(group)
-            rows += len(group.items)
-        if rows >= self.config.train_batch_size or (batch and self._read_to_data_end()):
-            return batch
-        return None
-
-    def _read_to_data_end(self) -> bool:
-        """explorer.mode train: this reader has reached where the topic ended when the trainer started (never,
-        with trainer.total_steps: then it trains data produced while it runs, until that step)."""
-        if self._data_end is None:
-            return False
-        positions = self.consumer.fetch_positions()
-        return all(positions.get(tp, 0) >= end for tp, end in self._data_end.items())
-
-    def _short_batch_allowed(self) -> bool:
-        """The explorer has finished every step in the buffer, all it wrote is read, and no group of those
-        steps is still incomplete: no more groups can come for them."""
-        explorer = self.sync.explorer
-        if explorer.finished_step < self.buffer.max_step() or self.buffer.incomplete_groups():
-            return False
-        return self._read_everything_written()
-
-    def _read_everything_written(self) -> bool:
-        """True once our positions reach the end offsets read after the explorer's latest progress report."""
-        explorer = self.sync.explorer
-        key = (explorer.finished_step, explorer.done)
-        if self._end_watch is None or self._end_watch.key != key:
-            self._end_watch = _EndWatch(key, self.clients.offsets(self.topic, "end"))
-        positions = self.consumer.fetch_positions()
-        return all(positions.get(tp, 0) >= end for tp, end in self._end_watch.ends.items())
+                        self.source, self.step, len(batch), self.sync.explorer.finished_step)
+        return batch
 
     def _stream_finished(self) -> bool:
-        """The explorer is done and everything it produced is read (and trained, or dropped as incomplete); in
-        explorer.mode train, the data is read to its end."""
-        if self.mode == "train":
-            if not self._read_to_data_end():
-                return False
-        elif not self.sync.explorer.done or not self._read_everything_written():
+        """Everything the stream will hold is read, and trained or dropped as incomplete."""
+        if not self.batches.everything_read():
             return False
         leftovers = self.buffer.incomplete_groups()
         if leftovers:
-            self._drop_incomplete(leftovers, "and the explorer is done")
+            self._drop_incomplete(leftovers, "and no more records will come")
         return not self.buffer.complete_groups()
 
     # 4.-7. train, publish, commit, checkpoint -------------------------------------------------------------
@@ -433,7 +370,7 @@ class Trainer:
             "trainer/dropped_incomplete": float(self._dropped_incomplete),
             "trainer/passed_over": float(self._passed_over),
             "trainer/groups": float(len(groups)),
-            "trainer/short_batch": float(self._short(groups)),
+            "trainer/short_batch": float(self.batches.short(groups)),
             "trainer/buffered": float(len(self.buffer)),
             "time/train_step": train_s,
         })
@@ -456,11 +393,6 @@ class Trainer:
             _losses(metrics), train_s))
         if self.step % self.settings.save_interval == 0:
             unit.after_commit(self._checkpoint)  # 7.
-
-    def _short(self, groups: list[Group]) -> bool:
-        if self.mode == "train":
-            return sum(len(g.items) for g in groups) < self.config.train_batch_size
-        return len(groups) < self.groups_per_step
 
     def _mixed_in(self, groups: list[Group]) -> list[Group]:
         """trainer.mix: the supervised groups that go with this batch's RL rows (their shares of the batch),
@@ -569,8 +501,7 @@ class Trainer:
         else:
             offsets = self._origin(partitions)
         self.consumer.assign(offsets)
-        if self.mode == "train":
-            self._data_end = self._data_end_at_start()
+        self.batches.start()
         if self.publisher is not None:
             announcement = self.publisher.announcement()
             if announcement is not None:
@@ -584,17 +515,6 @@ class Trainer:
                                self.source, self.sync.version, self.sync.topic, self.step, self.sync.version)
         logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
                     self.source, self.step, self.consumer_group, len(self.buffer), self.bound, self.checkpoints.root)
-
-    def _data_end_at_start(self) -> Offsets | None:
-        """explorer.mode train without total_steps: the data to train is what the topic holds now."""
-        if self.settings.total_steps is not None:
-            return None
-        ends = self.clients.offsets(self.topic, "end")
-        if not any(ends.values()):
-            raise ConfigError(f"explorer.mode train: {self.topic} is empty, and without trainer.total_steps the "
-                              "trainer trains what the topic holds when it starts; produce the data first "
-                              "(streamrft data produce FILE --as sft|dpo) or set trainer.total_steps")
-        return ends
 
     def _resume(self, path: Path, partitions: Offsets) -> Offsets:
         checkpoint = self.checkpoints.load(path)
