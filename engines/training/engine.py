@@ -16,6 +16,7 @@ the same batch and works on its share of the rows; :mod:`.ranks` drives the rank
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -457,7 +458,7 @@ class TrainingEngine:
             return train_mixed_step(self, split)
         return self.optimizer_step(self.prepare(experiences, needs_correction, one_update=True))
 
-    @property
+    @functools.cached_property
     def proximal_in_pass_possible(self) -> bool:
         """Whether a batch that trains one update may take its proximal logprobs from the training forward
         (:mod:`.proximal`): nothing needs them before the loss (a KL reward penalty does, for the advantages),

@@ -24,22 +24,9 @@ from .producer import DeliveryError, RecordProducer
 from .props import admin_props, consumer_props, producer_props
 from .serde import Serde
 from .transaction import FatalTransactionError, MembershipLost, TransactionFailed, Transactor
+from .unanswered import unanswered
 
 logger = logging.getLogger(__name__)
-# errors of a cluster that is (for now) not answering, or whose leader or coordinator is moving
-_UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD,
-               KafkaError._UNKNOWN_PARTITION, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
-               KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT,
-               KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
-
-
-def unanswered(exc: BaseException) -> bool:
-    """A Kafka error of a cluster that does not answer for now (a broker restarting, a leader or coordinator
-    moving): a read-out that meets it can be done again later. Refusals and bugs are not."""
-    if not isinstance(exc, KafkaException) or not isinstance(exc.args[0], KafkaError):
-        return False
-    error: KafkaError = exc.args[0]
-    return not is_refusal(error) and (error.retriable() or error.code() in _UNANSWERED)
 
 __all__ = [
     "KafkaClients", "unanswered", "Delivered", "RecordConsumer", "RecordProducer", "DeliveryError", "DeadLetter",

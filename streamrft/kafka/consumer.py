@@ -21,11 +21,8 @@ from streamrft.schemas import DecodeError, InvalidRecordError, Record
 from .authorization import Refusal, is_refusal
 from .dlq import DeadLetterLedger, dead_letter
 from .producer import RecordProducer
-
-# a group coordinator moving between brokers: asked again, not an error
-COORDINATOR_MOVING = (KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
-                      KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError._WAIT_COORD, KafkaError._TIMED_OUT)
 from .serde import Serde
+from .unanswered import unanswered
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
@@ -226,11 +223,10 @@ class RecordConsumer(Generic[R]):
                                                  timeout=max(1.0, deadline - time.monotonic()))
                 break
             except KafkaException as exc:
-                error: KafkaError = exc.args[0]
-                if time.monotonic() >= deadline or not (error.retriable() or error.code() in COORDINATOR_MOVING):
+                if time.monotonic() >= deadline or not unanswered(exc):
                     raise
                 logger.warning("consumer %s: committed offsets not read yet (%s); asking again", self.group_id,
-                               error.str())
+                               exc.args[0].str())
                 time.sleep(0.5)
         return {(tp.topic, tp.partition): (tp.offset if tp.offset >= 0 else -1, tp.metadata or "") for tp in found}
 
