@@ -1,17 +1,15 @@
 """Maps the top-level folders into the single import namespace ``streamrft.*``.
 
-Everything else about the distribution is in pyproject.toml; only the package list is computed here, so a new
-subpackage under any folder is picked up without editing a list.
+Everything else about the distribution is in pyproject.toml, the folder -> package map included
+(``[tool.streamrft.package-folders]``); only the package list is computed here, so a new sub-package under any
+folder is picked up without editing a list.
 """
+import tomllib
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
-FOLDERS = {
-    "streamrft": "streamrft",
-    "streamrft.schemas": "schemas",
-    "streamrft.producers": "producers",
-    "streamrft.consumers": "consumers",
-    "streamrft.engines": "engines",
-}
+FOLDERS = tomllib.loads((Path(__file__).parent / "pyproject.toml").read_text())["tool"]["streamrft"]["package-folders"]
 
 
 def _packages() -> list[str]:

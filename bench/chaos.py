@@ -586,7 +586,7 @@ class ChaosRun:
 
     def _snapshot_trainer(self, role: RoleProcess, how: str) -> None:
         """Before the next trainer truncates the audit to its checkpoint: keep what this lifetime left."""
-        from streamrft.consumers.checkpoints import Checkpoints
+        from streamrft.consumers.trainer.checkpoints import Checkpoints
 
         checkpoints = Checkpoints(self.out / "checkpoints", keep=1)
         steps = checkpoints.steps()
@@ -851,7 +851,7 @@ def observe_topics(config, bootstrap: str, checkpoint_dir: Path) -> Observed:
                             read("experiences", Experience), read("metrics", Metric), read("sync", SyncSignal),
                             {name: len(records) for name, records in letters.items()}, refused - {None}, [])
     clients.close()
-    from streamrft.consumers.checkpoints import Checkpoints
+    from streamrft.consumers.trainer.checkpoints import Checkpoints
 
     observed.audit = Checkpoints(checkpoint_dir, keep=1).audit()
     return observed

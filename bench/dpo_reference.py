@@ -22,10 +22,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from streamrft.consumers.model_paths import resolve_model_path
+from streamrft.model_paths import resolve_model_path
 from streamrft.engines.training import TrainingEngine, TrainingSettings
 from streamrft.producers.chat_rows import ChatMapping
-from streamrft.producers.reference import ReferencePolicy
+from streamrft.engines.training.reference import ReferencePolicy
 from streamrft.producers.supervised_data import dpo_pair, read_dpo
 from streamrft.producers.task_files import read_rows
 

@@ -99,7 +99,7 @@ class Setup:
 
 
 def make_setup(args: argparse.Namespace, demo: dict) -> Setup:
-    from streamrft.consumers.model_paths import resolve_model_path
+    from streamrft.model_paths import resolve_model_path
 
     explorer, trainer, sampling = demo["explorer"], demo["trainer"], demo["rollout"]["sampling"]
     algorithm = trainer.get("algorithm", {})

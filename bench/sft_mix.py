@@ -140,7 +140,7 @@ def step_cost(repeats: int = 3) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from streamrft.config import load_config
-    from streamrft.consumers.model_paths import resolve_model_path
+    from streamrft.model_paths import resolve_model_path
     from streamrft.engines.training import TrainingEngine
     from streamrft.producers.chat_rows import ChatMapping
     from streamrft.producers.supervised_data import read_sft

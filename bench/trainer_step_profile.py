@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from streamrft.consumers.model_paths import resolve_model_path
+from streamrft.model_paths import resolve_model_path
 from streamrft.engines.training import TrainingEngine, TrainingSettings
 from streamrft.schemas import Experience, RolloutKind, pack_f32, pack_i32
 

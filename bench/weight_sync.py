@@ -34,15 +34,9 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
+from streamrft.engines.weights.collective import CollectiveGroup, broadcast_weights, free_port, receive_weights
+from streamrft.engines.weights.object_store import ObjectStore, load_weights
 from streamrft.engines.weights.safetensors_io import new_digest
-from streamrft.engines.weights import (
-    CollectiveGroup,
-    ObjectStore,
-    broadcast_weights,
-    free_port,
-    load_weights,
-    receive_weights,
-)
 
 DEMO_MODEL = Path.home() / ".cache" / "streamrft" / "models" / "smollm2-135m-instruct"
 

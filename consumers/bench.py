@@ -14,24 +14,25 @@ evaluated.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrft.config import RunConfig
-from streamrft.engines.weights import ObjectStore
+from streamrft.config import EvalTaskset, RunConfig
+from streamrft.engines.weights.object_store import ObjectStore
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
 from streamrft.rollout_stats import eval_metrics
+from streamrft.runtime import RoleRuntime, UnitOfWork
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView
 
 from .explorer import load_eval_tasks
-from .runtime import RoleRuntime
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +80,10 @@ def checkpoint_versions(config: RunConfig, directory: Path, store_url: str,
     checkpoint directory: ``step-N`` = weights version N) to the store at ``store_url``, under a new lineage,
     through the training engine (so sharded FSDP checkpoints load too); returns the lineage and ``{version:
     (manifest uri, sha256)}``. ``progress(done, total)`` is called after each."""
-    from .checkpoints import Checkpoints
-    from .trainer import build_engine
-    from streamrft.engines.weights.object_store import new_lineage
+    from streamrft.engines.weights.locations import new_lineage
+
+    from .trainer.checkpoints import Checkpoints
+    from .trainer.engine import build_engine
 
     found = {step: path for step, path in Checkpoints(directory, keep=1).paths().items()
              if json.loads((path / "state.json").read_text()).get("has_model")}
@@ -114,38 +116,86 @@ def choose_versions(available: list[int], wanted: str,
     return chosen
 
 
+@dataclass
+class Evaluation:
+    """One version's eval requests in flight: which taskset each request is of, and the results come so far."""
+
+    version: int
+    requests: dict[str, tuple[EvalTaskset, RolloutRequest]]
+    deadline: float
+    results: dict[str, RolloutResult] = field(default_factory=dict)
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) >= len(self.requests)
+
+    def take(self, result: RolloutResult) -> None:
+        if result.request_id in self.requests:
+            self.results[result.request_id] = result
+
+    def rows(self, tasksets: list[EvalTaskset]) -> list[BenchRow]:
+        rows = []
+        for taskset in tasksets:
+            mine = [r for rid, r in self.results.items() if self.requests[rid][0].name == taskset.name]
+            rows.append(BenchRow(self.version, taskset.name, eval_metrics(taskset.name, mine, taskset.repeat_times)))
+            logger.info("bench: v%d %s: %s", self.version, taskset.name,
+                        ", ".join(f"{k.rpartition('/')[2]}={v:.3f}" for k, v in rows[-1].metrics.items()))
+        return rows
+
+
 class Bench:
-    """Publishes, in the bench namespace, each version and its eval requests, and collects their results."""
+    """The bench role: in the bench namespace, one version after another, publishes the version and its eval
+    requests (one unit), then collects their results (a poll per pass of the role loop)."""
 
     def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *, timeout_s: float = 1800):
         if not config.explorer.eval_tasksets:
             raise ValueError("bench mode evaluates explorer.eval_tasksets, and the run config has none")
         self.config = config
-        self.clients = clients
-        self.stop = stop
         self.timeout_s = timeout_s
         self.runtime = RoleRuntime(config, clients, stop, role="bench", source="bench",
-                                   transactional_id=f"{config.name}.bench")
+                                   transactional_id=f"{config.name}.bench", follows_sync=False)
         self.results = self.runtime.consumer("results", config.consumer_group("bench-results"), subscribe=False)
         self.results.assign(clients.offsets(config.topic("results"), "end"))
         self.tasksets = [(t, load_eval_tasks(t)) for t in config.explorer.eval_tasksets]
 
     def run(self, versions: list[int], published: dict[int, tuple[str, str]], lineage: str) -> list[BenchRow]:
-        rows: list[BenchRow] = []
-        for version in versions:
-            if self.stop.requested:
-                break
-            if version:
-                uri, sha256 = published[version]
-                signal = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
-                                    method=SyncMethod.OBJECT_STORE, uri=uri, sha256=sha256, source="bench",
-                                    lineage=lineage)
-                self.runtime.transaction(lambda p, s=signal: p.produce(self.config.topic("sync"), s),
-                                         f"announcing v{version}")
-            rows += self._evaluate(version)
-        return rows
+        """Evaluate ``versions`` (0: the base model; any other: ``published[version]`` = (manifest uri,
+        sha256) under ``lineage``); returns their rows, those of the versions done when a stop came."""
+        self._versions = collections.deque(versions)
+        self._published = published
+        self._lineage = lineage
+        self._evaluation: Evaluation | None = None
+        self.rows: list[BenchRow] = []
+        self.runtime.run(self)
+        return self.rows
 
-    def _evaluate(self, version: int) -> list[BenchRow]:
+    # -- the loop (RoleRuntime.run: poll -> handle -> commit) ----------------------------------------------
+    def start(self, unit: UnitOfWork) -> None:
+        pass
+
+    def handle(self, unit: UnitOfWork) -> bool:
+        if self._evaluation is None:
+            if not self._versions:
+                return False
+            self._evaluation = self._publish(self._versions.popleft(), unit)
+            return True
+        self.collect(self._evaluation)
+        if self._evaluation.done:
+            self.rows += self._evaluation.rows([t for t, _ in self.tasksets])
+            self._evaluation = None
+        return True
+
+    def finish(self, unit: UnitOfWork) -> None:
+        if self._evaluation is not None:  # stopped: what came of the version under way
+            self.rows += self._evaluation.rows([t for t, _ in self.tasksets])
+
+    def _publish(self, version: int, unit: UnitOfWork) -> Evaluation:
+        """Stage the version's announcement (the base model needs none) and its eval requests."""
+        if version:
+            uri, sha256 = self._published[version]
+            unit.produce(self.config.topic("sync"), SyncSignal(
+                kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.OBJECT_STORE, uri=uri,
+                sha256=sha256, source="bench", lineage=self._lineage))
         requests = {}
         for taskset, tasks in self.tasksets:
             for task in tasks:
@@ -153,32 +203,18 @@ class Bench:
                 requests[rid] = (taskset, RolloutRequest(request_id=rid, step=version, kind=RolloutKind.EVAL,
                                                          task=task, repeat_times=taskset.repeat_times,
                                                          min_model_version=version))
+        for _, request in requests.values():
+            unit.produce(self.config.topic("rollouts"), request)
+        unit.describe(f"v{version} and its eval requests")
+        return Evaluation(version, requests, deadline=time.monotonic() + self.timeout_s)
 
-        def produce(producer) -> None:
-            for _, request in requests.values():
-                producer.produce(self.config.topic("rollouts"), request)
-
-        self.runtime.transaction(produce, f"eval requests of v{version}")
-        results = self._collect(set(requests))
-        rows = []
-        for taskset, _ in self.tasksets:
-            mine = [r for rid, r in results.items() if requests[rid][0].name == taskset.name]
-            rows.append(BenchRow(version, taskset.name, eval_metrics(taskset.name, mine, taskset.repeat_times)))
-            logger.info("bench: v%d %s: %s", version, taskset.name,
-                        ", ".join(f"{k.rpartition('/')[2]}={v:.3f}" for k, v in rows[-1].metrics.items()))
-        return rows
-
-    def _collect(self, wanted: set[str]) -> dict[str, RolloutResult]:
-        got: dict[str, RolloutResult] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(got) < len(wanted) and not self.stop.requested:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"bench: {len(got)} of {len(wanted)} eval results after {self.timeout_s:.0f}s; "
-                                   "are rollout workers running in the bench namespace?")
-            for item in self.results.poll(max_records=500, timeout=0.5):
-                if item.record.request_id in wanted:
-                    got[item.record.request_id] = item.record
-        return got
+    def collect(self, evaluation: Evaluation) -> None:
+        """One poll of ``results`` into ``evaluation``; raises once its deadline has passed."""
+        if time.monotonic() > evaluation.deadline:
+            raise TimeoutError(f"bench: {len(evaluation.results)} of {len(evaluation.requests)} eval results after "
+                               f"{self.timeout_s:.0f}s; are rollout workers running in the bench namespace?")
+        for item in self.results.poll(max_records=500, timeout=0.5):
+            evaluation.take(item.record)
 
     def close(self) -> None:
         self.runtime.close()

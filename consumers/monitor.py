@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
+from streamrft.runtime import RoleRuntime
 from streamrft.schemas import Metric
-from .runtime import RoleRuntime
 
 logger = logging.getLogger(__name__)
 

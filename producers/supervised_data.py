@@ -9,24 +9,35 @@ What the records hold (the trainer's contract, ``engines/training/supervised.py`
 - ``objective`` SFT: ``group_id`` = ``<dataset>-<line>`` (or the row's ``--id-key``), a group of one;
   ``logprobs`` 0 (no behaviour policy to compare with);
 - ``objective`` DPO: the pair is the group (``group_size`` 2, the same key, so one partition), ``run_index`` 0
-  the chosen response and 1 the rejected; ``logprobs`` are the reference policy's (:mod:`.reference`);
+  the chosen response and 1 the rejected; ``logprobs`` are the reference policy's (a :class:`Reference`,
+  :class:`streamrft.engines.training.reference.ReferencePolicy` for ``streamrft data produce``);
 - ``step`` 0, ``model_version`` 0, ``kind`` TRAIN: staleness does not apply to data.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from streamrft.schemas import Experience, Objective, RolloutKind, pack_f32, pack_i32, pack_u8
 
 from .chat_rows import ChatMapping, Conversation, to_conversation, to_preference
 from .chat_tokens import ChatTokens, tokenize_conversation
-from .reference import ReferencePolicy
 from .task_files import Rejected, read_rows
 
 CHOSEN, REJECTED = 0, 1
 PRODUCER_ID = "data-producer"
+
+
+class Reference(Protocol):
+    """The reference policy of DPO as the producer uses it: the model the training starts from, scoring each
+    response once (the caller builds it: producers load no model themselves)."""
+
+    name: str  # recorded in each side's info["reference"]
+    batch_size: int  # sequences scored at once
+
+    def logprobs(self, experiences: Sequence[Experience]) -> list[list[float]]:
+        """Per experience, the reference logprob of each of its response tokens."""
 
 
 def read_sft(source: str | Path, mapping: ChatMapping, tokenizer, *, max_tokens: int | None = None
@@ -36,7 +47,7 @@ def read_sft(source: str | Path, mapping: ChatMapping, tokenizer, *, max_tokens:
         yield sft_experience(line, row, mapping, tokenizer, max_tokens)
 
 
-def read_dpo(source: str | Path, mapping: ChatMapping, tokenizer, reference: ReferencePolicy, *,
+def read_dpo(source: str | Path, mapping: ChatMapping, tokenizer, reference: Reference, *,
              max_tokens: int | None = None) -> Iterator[list[Experience] | Rejected]:
     """One DPO pair ``[chosen, rejected]`` per row of ``source``, or the row's rejection. Pairs are scored by
     ``reference`` a batch at a time, so they come out in groups; rejections come out at once."""
@@ -95,7 +106,7 @@ def dpo_pair(line: int, row: Any, mapping: ChatMapping, tokenizer, max_tokens: i
     return sides
 
 
-def _scored(pairs: list[list[Experience]], reference: ReferencePolicy) -> Iterator[list[Experience]]:
+def _scored(pairs: list[list[Experience]], reference: Reference) -> Iterator[list[Experience]]:
     if not pairs:
         return
     sides = [side for pair in pairs for side in pair]

@@ -5,12 +5,9 @@ memcpy each way (~100x faster with fastavro), and numpy / torch view it without 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # torch is optional for readers of the contract
-    import torch
 
 INT32 = np.dtype("<i4")
 FLOAT32 = np.dtype("<f4")
@@ -55,10 +52,3 @@ def unpack_f32(data: bytes | None) -> np.ndarray:
 
 def unpack_u8(data: bytes | None) -> np.ndarray:
     return unpack(data, UINT8)
-
-
-def to_tensor(array: np.ndarray) -> "torch.Tensor":
-    """A torch tensor over a packed array (copied, because frombuffer views are read-only)."""
-    import torch
-
-    return torch.from_numpy(array.copy())

@@ -253,7 +253,7 @@ class SyncSignal(Record):
     kind: SyncKind
     version: int = 0  # model version (the trainer's kinds)
     step: int = -1  # explorer step (the explorer's kinds)
-    trainer_step: int = 0
+    trainer_step: int = 0  # deprecated, unused (it equalled version); kept for schema compatibility
     method: SyncMethod = SyncMethod.NONE
     uri: str = ""
     sha256: str = ""

@@ -1,6 +1,9 @@
 """The ``streamrft`` command line. Each subcommand lives in ``streamrft/commands/<name>.py`` and exposes
 ``register(subparsers)``, which adds its parser and sets ``func`` to a callable taking the parsed args and
-returning an exit code."""
+returning an exit code.
+
+Only the module of the command asked for is imported (``streamrft --help`` and a mistyped command import them
+all, to list them): a command pays for what it uses, not for every other command's imports."""
 from __future__ import annotations
 
 import argparse
@@ -32,14 +35,15 @@ COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(commands: tuple[str, ...] = COMMAND_MODULES) -> argparse.ArgumentParser:
+    """The parser with the subcommands ``commands`` (all by default)."""
     parser = argparse.ArgumentParser(
         prog="streamrft",
         description="Reinforcement fine-tuning of language models on Apache Kafka.",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in commands:
         try:
             module = importlib.import_module(f"streamrft.commands.{name}")
         except ModuleNotFoundError as exc:
@@ -50,8 +54,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _asked_for(argv: list[str]) -> tuple[str, ...]:
+    """The command named by ``argv`` (its first word that is not an option), alone; every command otherwise."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return (first,) if first in COMMAND_MODULES else COMMAND_MODULES
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_asked_for(argv)).parse_args(argv)
     configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)

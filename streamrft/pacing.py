@@ -16,8 +16,8 @@ experiences and publishes every ``interval`` steps (versions k, 2k, ...).
   trainer last asked the workers to move to (its SYNC_REQUEST, every ``request_interval`` versions), not the
   newest it published, and requests name exactly that version. Under ``fully_async`` workers load each new
   version as soon as their engine is drained.
-- explore mode (``explorer.mode: explore``): no trainer, so nothing is paced on one: every step may be published
-  and requests take whatever weights the workers serve.
+- a run without a trainer (``mode: explore``, ``streamrft/run_shape.py``): nothing is paced on one: every step
+  may be published and requests take whatever weights the workers serve.
 
 Besides the weights, the trainer's backlog paces the explorer: it holds back while more than
 ``max_buffered_batches`` steps' experiences are untrained.
@@ -67,7 +67,7 @@ class Pacing:
     request_interval: int | None = None
     max_buffered_batches: int = 4
     experiences_per_step: int = 1
-    paced: bool = True  # False: explore mode, no trainer to wait for
+    paced: bool = True  # False: the run has no trainer to wait for (RunShape.paces_on_trainer)
 
     @classmethod
     def of(cls, config: "RunConfig") -> "Pacing":
@@ -76,7 +76,7 @@ class Pacing:
                    max_staleness=sync.max_staleness, request_interval=sync.request_interval,
                    max_buffered_batches=sync.max_buffered_batches,
                    experiences_per_step=explorer.batch_size * explorer.repeat_times,
-                   paced=explorer.mode == "both")
+                   paced=config.shape.paces_on_trainer)
 
     # -- the explorer ---------------------------------------------------------------------------------------
     def required_version(self, step: int) -> int:

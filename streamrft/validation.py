@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from streamrft.engines.weights.locations import check_lineage, check_manifest_uri, is_sha256
+from streamrft.engines.weights.signal_state import Announcement, DeliveryState
 from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, Objective, RolloutRequest,
                                RolloutResult, SyncKind, SyncMethod, SyncSignal, Task, unpack_f32)
 
@@ -283,7 +285,8 @@ def check_control(signal: SyncSignal) -> None:
 def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_url: str | None = None) -> None:
     """A trainer signal (on ``sync``): its kind, versions in range, only the transport this run uses
     (``weights_method``: ``object_store`` or ``collective``) and, for object-store weights, a sha256 and a URI
-    that is exactly where this run's store (``weights_url``) keeps that version of that lineage. A forged signal
+    that is exactly where this run's store (``weights_url``) keeps that version of that lineage, and for the
+    collective kinds the state the trainer writes (``engines.weights.signal_state``). A forged signal
     must not become the roles' newest weights even for a moment: it would hide the real signal of the same
     version. What only the bytes can tell (the manifest's own version, its sha256, the shards) the weight
     follower checks when it loads."""
@@ -295,40 +298,39 @@ def check_sync(signal: SyncSignal, weights_method: str | None = None, weights_ur
         if signal.method.value != expected:
             _fail("wrong-transport", f"{signal.kind.value} v{signal.version} by {signal.method.value}; this run's "
                                      f"trainer.weights.method is {weights_method}")
-    if signal.kind == SyncKind.WEIGHTS_PUBLISHED and weights_url is not None:
-        if signal.method.value == "OBJECT_STORE":
-            _check_weights_location(signal, weights_url)
-        else:
-            _check_delivery(signal, weights_url)
+    if signal.kind == SyncKind.WEIGHTS_PUBLISHED:
+        _check_weights(signal, weights_url)
     if signal.kind == SyncKind.NCCL_READY:
-        try:
-            state = json.loads(signal.state)
-            valid = (isinstance(state, dict) and isinstance(state.get("session"), str)
-                     and signal.uri.startswith("tcp://"))
-        except (json.JSONDecodeError, RecursionError):
-            valid = False
-        if not valid:
-            _fail("bad-announcement", "NCCL_READY needs a tcp:// uri (the membership store) and a state with a "
-                                      "session")
+        _check_announcement(signal)
 
 
-def _check_delivery(signal: SyncSignal, weights_url: str) -> None:
-    """A collective WEIGHTS_PUBLISHED: its delivery state parses, and its catch-up copy (if any) is where an
-    object-store signal of that version would be."""
-    from streamrft.engines.weights.elastic import parse_delivery_state
-
+def _check_weights(signal: SyncSignal, weights_url: str | None) -> None:
+    """An object-store version is exactly where this run's store keeps it; a collective one's delivery state is
+    what the trainer writes, and its catch-up copy (if any) is where an object-store signal of that version
+    would be. ``weights_url`` None: the location is not checked."""
+    if signal.method == SyncMethod.OBJECT_STORE:
+        if weights_url is not None:
+            _check_weights_location(signal, weights_url)
+        return
     try:
-        delivery = parse_delivery_state(signal.state)
-    except (ValueError, RecursionError) as exc:
+        delivery = DeliveryState.parse(signal.state)
+    except ValueError as exc:
         _fail("bad-state", f"WEIGHTS_PUBLISHED v{signal.version} (collective): {exc}")
-    if delivery.catch_up:
-        _check_weights_location(replace(signal, method=SyncMethod.OBJECT_STORE,
-                                                    uri=delivery.catch_up), weights_url)
+    if delivery.catch_up and weights_url is not None:
+        _check_weights_location(replace(signal, method=SyncMethod.OBJECT_STORE, uri=delivery.catch_up), weights_url)
+
+
+def _check_announcement(signal: SyncSignal) -> None:
+    """An NCCL_READY names the membership store (a tcp:// address) and carries what the trainer writes."""
+    if not signal.uri.startswith("tcp://"):
+        _fail("bad-announcement", f"NCCL_READY: its membership store {signal.uri!r} is not a tcp:// address")
+    try:
+        Announcement.parse(signal.state)
+    except ValueError as exc:
+        _fail("bad-announcement", f"NCCL_READY: {exc}")
 
 
 def _check_weights_location(signal: SyncSignal, weights_url: str) -> None:
-    from streamrft.engines.weights import check_lineage, check_manifest_uri, is_sha256
-
     if not is_sha256(signal.sha256):
         _fail("missing-sha256", f"WEIGHTS_PUBLISHED v{signal.version} carries no sha256 of its manifest")
     try:

@@ -32,11 +32,10 @@ from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
 from streamrft.rollout_stats import retry_metrics, step_metrics, taskset_metrics
+from streamrft.runtime import RoleRuntime, UnitOfWork
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
 from streamrft.validation import ExplorerState
 
-from ..runtime import RoleRuntime
-from ..unit_of_work import UnitOfWork
 from .evals import EvalRounds
 from .retries import Retries
 from .rounds import Round, Window, round_of

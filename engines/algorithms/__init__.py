@@ -1,12 +1,34 @@
 """RL algorithms as small registries, one readable function each: advantages, policy losses, KL estimators,
-loss aggregations, preference losses; plus truncated importance sampling and the staleness bound."""
-from .advantages import ADVANTAGES, distill, dr_grpo, group_stats, grpo, reinforce_plus_plus, rloo, sequence_scores
-from .aggregation import LOSS_AGGREGATIONS, seq_mean_token_mean, seq_mean_token_sum, token_mean
-from .importance import ImportanceWeights, truncated_importance_weights
-from .kl import KL_ESTIMATORS, k1, k2, k3, kl_penalty
-from .policy_losses import POLICY_LOSSES, PolicyLossOutput, gspo, ppo_clip, sft
-from .preference import PREFERENCE_LOSSES, PreferenceLossOutput, dpo, ipo
-from .registry import Registry
-from .staleness import StalenessDecision, StalenessPolicy, apply_staleness, is_stale
+loss aggregations, preference losses; plus truncated importance sampling and the staleness bound.
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+Importing the package loads no torch: the registries (:mod:`.catalog`) name their functions and import them on
+first use, and the functions below are imported from their modules when first named."""
+from __future__ import annotations
+
+import importlib
+
+from .catalog import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, PREFERENCE_LOSSES
+from .registry import Registry
+
+# name -> the module (of this package) that defines it
+_LAZY = {
+    **dict.fromkeys(("distill", "dr_grpo", "group_stats", "grpo", "reinforce_plus_plus", "rloo", "sequence_scores"),
+                    "advantages"),
+    **dict.fromkeys(("seq_mean_token_mean", "seq_mean_token_sum", "token_mean"), "aggregation"),
+    **dict.fromkeys(("ImportanceWeights", "truncated_importance_weights"), "importance"),
+    **dict.fromkeys(("k1", "k2", "k3", "kl_penalty"), "kl"),
+    **dict.fromkeys(("PolicyLossOutput", "gspo", "ppo_clip", "sft"), "policy_losses"),
+    **dict.fromkeys(("PreferenceLossOutput", "dpo", "ipo"), "preference"),
+    **dict.fromkeys(("StalenessDecision", "StalenessPolicy", "apply_staleness", "is_stale"), "staleness"),
+}
+
+__all__ = ["ADVANTAGES", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "POLICY_LOSSES", "PREFERENCE_LOSSES", "Registry",
+           *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value

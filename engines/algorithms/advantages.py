@@ -22,10 +22,6 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from .registry import Registry
-
-ADVANTAGES: Registry = Registry("advantage estimator", group="streamrft.advantages")
-
 
 def sequence_scores(rewards: torch.Tensor, mask: torch.Tensor, token_rewards: torch.Tensor | None) -> torch.Tensor:
     """``rewards_i + Σ_t mask_it · token_rewards_it`` (just ``rewards`` without dense rewards)."""
@@ -60,7 +56,6 @@ def _broadcast(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return advantages[:, None] * mask.to(torch.float32)
 
 
-@ADVANTAGES.register("grpo")
 def grpo(
     rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -80,7 +75,6 @@ def grpo(
     return _broadcast(adv, mask)
 
 
-@ADVANTAGES.register("grpo_reward_to_go")
 def grpo_reward_to_go(
     rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -111,7 +105,6 @@ def grpo_reward_to_go(
     return torch.where((count > 1)[:, None], adv, torch.zeros_like(adv)) * m
 
 
-@ADVANTAGES.register("dr_grpo")
 def dr_grpo(
     rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -130,7 +123,6 @@ def dr_grpo(
     return _broadcast(adv, mask)
 
 
-@ADVANTAGES.register("rloo")
 def rloo(
     rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -156,7 +148,6 @@ def last_token_mask(mask: torch.Tensor) -> torch.Tensor:
     return ((after == 1) & (m == 1)).to(torch.float32)
 
 
-@ADVANTAGES.register("reinforce_plus_plus")
 def reinforce_plus_plus(
     rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -194,7 +185,6 @@ def reinforce_plus_plus(
     return (returns - valid.mean()) / (valid.std() + epsilon) * m
 
 
-@ADVANTAGES.register("distill")
 def distill(
     rewards: torch.Tensor,
     mask: torch.Tensor,

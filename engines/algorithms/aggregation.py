@@ -12,26 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Registry
 
-LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", group="streamrft.loss_aggregations")
-
-
-@LOSS_AGGREGATIONS.register("token-mean")
 def token_mean(values: torch.Tensor, mask: torch.Tensor, *, num_tokens=None, num_seqs=None) -> torch.Tensor:
     """``Σ_{i,t} m_it·x_it / Σ_{i,t} m_it`` — every trained token weighs the same (DAPO's choice)."""
     denom = mask.sum() if num_tokens is None else num_tokens
     return (values * mask).sum() / max(float(denom), 1.0)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-sum")
 def seq_mean_token_sum(values: torch.Tensor, mask: torch.Tensor, *, num_tokens=None, num_seqs=None) -> torch.Tensor:
     """``(1/B) Σ_i Σ_t m_it·x_it`` — sum over each sequence's tokens, mean over sequences (Dr. GRPO-like)."""
     denom = values.shape[0] if num_seqs is None else num_seqs
     return (values * mask).sum() / max(float(denom), 1.0)
 
 
-@LOSS_AGGREGATIONS.register("seq-mean-token-mean")
 def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor, *, num_tokens=None, num_seqs=None) -> torch.Tensor:
     """``(1/B) Σ_i (Σ_t m_it·x_it / Σ_t m_it)`` — mean per sequence, then mean over sequences (original GRPO)."""
     denom = values.shape[0] if num_seqs is None else num_seqs

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Registry
+from .catalog import KL_ESTIMATORS
 
-KL_ESTIMATORS: Registry = Registry("KL estimator", group="streamrft.kl_estimators")
 
 MAX_LOG_RATIO = 20.0
 
@@ -25,19 +24,16 @@ def _log_r(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return (ref_logprobs - logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
-@KL_ESTIMATORS.register("k1")
 def k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """``k1 = logp − logp_ref``."""
     return -_log_r(logprobs, ref_logprobs)
 
 
-@KL_ESTIMATORS.register("k2")
 def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """``k2 = ½ (logp_ref − logp)²``."""
     return 0.5 * _log_r(logprobs, ref_logprobs) ** 2
 
 
-@KL_ESTIMATORS.register("k3")
 def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """``k3 = exp(logp_ref − logp) − 1 − (logp_ref − logp)``."""
     log_r = _log_r(logprobs, ref_logprobs)

@@ -14,9 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .registry import Registry
-
-POLICY_LOSSES: Registry = Registry("policy loss", group="streamrft.policy_losses")
 
 # exp() of a log-ratio above this overflows float32 usefulness long before it overflows the type
 MAX_LOG_RATIO = 20.0
@@ -29,7 +26,6 @@ class PolicyLossOutput:
     clipped: torch.Tensor  # [B, R] bool: the clipped branch was active (no gradient from that token)
 
 
-@POLICY_LOSSES.register("ppo_clip")
 def ppo_clip(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -63,7 +59,6 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torc
     return PolicyLossOutput(token_loss, ratio.detach(), clipped & (mask > 0))
 
 
-@POLICY_LOSSES.register("decoupled_ppo")
 def decoupled_ppo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -88,7 +83,6 @@ def decoupled_ppo(
     return ppo_clip(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high)
 
 
-@POLICY_LOSSES.register("gspo")
 def gspo(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -114,7 +108,6 @@ def gspo(
     return _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
 
 
-@POLICY_LOSSES.register("sft")
 def sft(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

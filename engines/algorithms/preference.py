@@ -15,10 +15,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .registry import Registry
-
-PREFERENCE_LOSSES: Registry = Registry("preference loss", group="streamrft.preference_losses")
-
 
 @dataclass(frozen=True)
 class PreferenceLossOutput:
@@ -27,7 +23,6 @@ class PreferenceLossOutput:
     rejected_rewards: torch.Tensor  # [P] the same for the rejected side (detached)
 
 
-@PREFERENCE_LOSSES.register("dpo")
 def dpo(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,
@@ -50,7 +45,6 @@ def dpo(
     return PreferenceLossOutput(loss, chosen_rewards.detach(), rejected_rewards.detach())
 
 
-@PREFERENCE_LOSSES.register("ipo")
 def ipo(
     chosen_logps: torch.Tensor,
     rejected_logps: torch.Tensor,

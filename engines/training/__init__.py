@@ -3,6 +3,6 @@ from .batch import Batch, collate
 from .engine import TrainingEngine, default_device
 from .logprobs import entropy_from_logprobs, response_logprobs
 from .schedule import build_scheduler, lr_factor
-from .settings import AlgorithmSettings, OptimizerSettings, TrainingSettings
+from ..settings.training import AlgorithmSettings, OptimizerSettings, TrainingSettings
 
 __all__ = [name for name in dir() if not name.startswith("_")]

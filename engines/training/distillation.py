@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from .batch import Batch
-from .settings import OPTIONAL_ADVANTAGE_INPUTS
+from ..settings.training import OPTIONAL_ADVANTAGE_INPUTS
 
 
 def keep_rows_with_teacher(batch: Batch) -> int:

@@ -27,24 +27,18 @@ import torch
 
 from streamrft.schemas import Experience
 
-from ..algorithms import (
-    ADVANTAGES,
-    KL_ESTIMATORS,
-    LOSS_AGGREGATIONS,
-    POLICY_LOSSES,
-    distill,
-    kl_penalty,
-    truncated_importance_weights,
-)
-from ..lora import LoraSettings, published_name
+from ..algorithms import truncated_importance_weights
+from ..lora import published_name
+from ..settings.lora import LoraSettings
 from ..models import MODEL_LOAD_LOCK
+from .advantage_step import batch_metrics, fill_advantages
 from .batch import Batch, collate
-from .distillation import distill_metrics, keep_rows_with_teacher, teacher_inputs
-from .logprobs import response_logprobs
+from .logprobs import batch_logprobs
+from .loss import LossTally, micro_batch_loss
 from .parallel import SingleProcess
-from .proximal import InPassProximal
+from .proximal import InPassProximal, proximal_in_pass_possible
 from .schedule import build_scheduler
-from .settings import TrainingSettings
+from ..settings.training import TrainingSettings
 from .supervised import ObjectiveSplit, train_mixed_step
 
 logger = logging.getLogger(__name__)
@@ -58,10 +52,6 @@ def _adapter_name(peft_name: str) -> str:
     """A trained adapter parameter's published name: peft's ``base_model.model.`` prefix and adapter name
     (``.default``) dropped, e.g. ``model.layers.0.self_attn.q_proj.lora_A.weight``."""
     return published_name(peft_name).replace(".lora_A.default.", ".lora_A.").replace(".lora_B.default.", ".lora_B.")
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((values * mask).sum() / mask.sum().clamp(min=1))
 
 
 class TrainingEngine:
@@ -237,25 +227,10 @@ class TrainingEngine:
         batch = collate(experiences, pad_token_id=self.pad_token_id, needs_correction=needs_correction)
         return batch.to(self.device)
 
-    @torch.no_grad()
     def compute_logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
-        """Response logprobs ``[B, R]`` under ``model`` (default: the policy), micro-batched, no gradient; each
-        rank computes its rows and all ranks get the whole matrix."""
-        model = self.model if model is None else model
-        was_training = model.training
-        model.eval()
-        rows = self.parallel.rows(len(batch))
-        out = batch.behaviour_logprobs.new_zeros((len(rows), batch.response_width))
-        try:
-            for mb in self.parallel.micro_batches(batch, self.settings.micro_batch_size):
-                logp, _ = response_logprobs(
-                    model, mb.batch, temperature=self.settings.temperature, autocast_dtype=self.autocast_dtype
-                )
-                if not mb.padding:
-                    out[[row - rows.start for row in mb.rows], : logp.shape[1]] = logp
-        finally:
-            model.train(was_training)
-        return self.parallel.gather_rows(out, len(batch)) * batch.response_mask
+        """Response logprobs ``[B, R]`` under ``model`` (default: the policy), no gradient (:func:`batch_logprobs`)."""
+        return batch_logprobs(self.model if model is None else model, batch, self.parallel,
+                              self.settings.micro_batch_size, self.settings.temperature, self.autocast_dtype)
 
     def prepare(
         self, experiences: Sequence[Experience] | Batch, needs_correction: Sequence[bool] | None = None, *,
@@ -280,33 +255,8 @@ class TrainingEngine:
             batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
         if self.ref_model is not None:
             batch.ref_logprobs = self.compute_logprobs(batch, self.ref_model)
-        metrics: dict[str, float] = {}
-
-        token_rewards = batch.token_rewards
-        if s.kl_penalty_coef > 0:
-            token_rewards = kl_penalty(
-                token_rewards, batch.old_logprobs, batch.ref_logprobs, mask,
-                kl_coef=s.kl_penalty_coef, estimator=s.kl_penalty_estimator,
-            )
-            kl = KL_ESTIMATORS.get(s.kl_penalty_estimator)(batch.old_logprobs, batch.ref_logprobs)
-            metrics["actor/kl_penalty"] = _masked_mean(kl, mask)
-        if s.uses_teacher:  # on-policy distillation: rows without the teacher's logprobs stay out of the loss
-            metrics["distill/rows_without_teacher"] = float(keep_rows_with_teacher(batch))
-            mask = batch.response_mask
-        advantage_fn = ADVANTAGES.get(s.advantage)
-        batch.advantages = advantage_fn(
-            batch.rewards, mask, batch.group_ids, token_rewards=token_rewards,
-            **teacher_inputs(advantage_fn, batch), **s.advantage_params
-        ).to(mask.dtype)
-        if s.distill_coef > 0:  # distillation beside the task reward
-            batch.advantages = batch.advantages + s.distill_coef * distill(
-                batch.rewards, mask, batch.group_ids, **teacher_inputs(distill, batch)).to(mask.dtype)
-        metrics.update(distill_metrics(batch, mask))
-        if s.mask_truncated:  # after the advantages: a truncated sample still counts in its group's baseline
-            metrics["actor/num_masked_truncated"] = float(batch.truncated.sum())
-            mask = batch.response_mask = mask * (~batch.truncated).to(mask.dtype)[:, None]
-            batch.advantages = batch.advantages * mask
-
+        metrics = fill_advantages(batch, s)
+        mask = batch.response_mask
         if recompute and not in_pass:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
             seen = truncated_importance_weights(batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap)
             metrics.update(seen.metrics())
@@ -314,18 +264,7 @@ class TrainingEngine:
             batch.loss_weights = truncated_importance_weights(
                 batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap, rows=corrected
             ).weights
-        lengths = batch.response_lengths.to(torch.float32)
-        metrics.update({
-            "actor/reward_mean": float(batch.rewards.mean()),
-            "actor/reward_std": float(batch.rewards.std()) if len(batch) > 1 else 0.0,
-            "actor/advantage_mean": _masked_mean(batch.advantages, mask),
-            "actor/advantage_abs_mean": _masked_mean(batch.advantages.abs(), mask),
-            "actor/response_length_mean": float(lengths.mean()),
-            "actor/num_sequences": float(len(batch)),
-            "actor/num_tokens": float(mask.sum()),
-            "actor/num_corrected": float(corrected.sum()),
-        })
-        batch.metrics = metrics
+        batch.metrics = metrics | batch_metrics(batch, corrected)
         return batch
 
     def backward(self, batch: Batch, weight: float = 1.0) -> dict[str, float]:
@@ -343,74 +282,20 @@ class TrainingEngine:
         proximal = InPassProximal(batch, self.parallel, s.tis_cap) if batch.proximal_in_pass else None
         self.begin_accumulation()
         norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
-        ntok = max(norms["num_tokens"], 1.0)
-        totals = dict.fromkeys(("loss", "pg_loss", "entropy_loss", "kl_loss"), 0.0)
-        sums = dict.fromkeys(("clipped", "entropy", "kl", "ppo_kl", "ratio"), 0.0)
-        ratio_max = 0.0
+        tally = LossTally()
         self.model.train()
         micro_batches = list(self.parallel.micro_batches(batch, s.micro_batch_size))
         for k, micro in enumerate(micro_batches):
             # DDP decides at the forward whether the backward all-reduces: once, after the last micro-batch
             with self.parallel.gradient_sync(self.train_model, last=k == len(micro_batches) - 1):
-                loss, largest_ratio = self._micro_batch_loss(micro.batch, norms, totals, sums, proximal, micro.rows)
+                loss = micro_batch_loss(self.train_model, micro.batch, s, norms, tally,
+                                        autocast_dtype=self.autocast_dtype, proximal=proximal, rows=micro.rows)
                 (loss * weight * self.parallel.loss_scale).backward()  # DDP/FSDP average the ranks' gradients; we sum
-            ratio_max = max(ratio_max, largest_ratio)
-        summed = self.parallel.sum([*totals.values(), *sums.values()])
-        totals = dict(zip(totals, summed[: len(totals)]))
-        sums = dict(zip(sums, summed[len(totals):]))
-        ratio_max = self.parallel.max(ratio_max)
-        metrics = {
-            "actor/loss": totals["loss"],
-            "actor/pg_loss": totals["pg_loss"],
-            "actor/pg_clipfrac": sums["clipped"] / ntok,
-            "actor/entropy": sums["entropy"] / ntok,
-            "actor/ppo_kl": sums["ppo_kl"] / ntok,
-            "actor/ratio_mean": sums["ratio"] / ntok,
-            "actor/ratio_max": ratio_max,
-        }
-        if batch.ref_logprobs is not None:
-            metrics["actor/kl"] = sums["kl"] / ntok
-            metrics["actor/kl_loss"] = totals["kl_loss"]
+        tally.reduce(self.parallel)
+        metrics = tally.metrics(norms["num_tokens"], with_reference=batch.ref_logprobs is not None)
         if proximal is not None:
             metrics.update(proximal.finish())
         return metrics
-
-    def _micro_batch_loss(self, mb: Batch, norms: dict[str, float], totals: dict[str, float],
-                          sums: dict[str, float], proximal: InPassProximal | None = None,
-                          rows: Sequence[int] = ()) -> tuple[torch.Tensor, float]:
-        """The loss of one micro-batch (rows ``rows`` of the step's batch, normalised by its ``norms``) and its
-        largest ratio (0 with no trained token); adds its metrics' parts to ``totals`` and ``sums``. With
-        ``proximal``, the micro-batch's proximal logprobs and IS weights are taken from this forward first."""
-        s = self.settings
-        mask = mb.response_mask
-        logp, entropy = response_logprobs(
-            self.train_model, mb, temperature=s.temperature, with_entropy=True,
-            entropy_grad=s.entropy_coef > 0, autocast_dtype=self.autocast_dtype,
-        )
-        if proximal is not None:
-            proximal.take(mb, list(rows), logp)
-        out = POLICY_LOSSES.get(s.policy_loss)(logp, mb.old_logprobs, mb.advantages, mask,
-                                               clip_low=s.clip_low, clip_high=s.clip_high)
-        token_loss = out.token_loss if mb.loss_weights is None else out.token_loss * mb.loss_weights
-        agg = LOSS_AGGREGATIONS.get(s.loss_agg)
-        pg = agg(token_loss, mask, **norms)
-        ent = agg(entropy, mask, **norms)
-        loss = pg - s.entropy_coef * ent if s.entropy_coef > 0 else pg
-        if mb.ref_logprobs is not None:
-            kl = KL_ESTIMATORS.get(s.kl_estimator)(logp, mb.ref_logprobs)
-            kl_term = agg(kl, mask, **norms)
-            if s.kl_coef > 0:
-                loss = loss + s.kl_coef * kl_term
-            totals["kl_loss"] += float(kl_term.detach())
-            sums["kl"] += float((kl.detach() * mask).sum())
-        totals["loss"] += float(loss.detach())
-        totals["pg_loss"] += float(pg.detach())
-        totals["entropy_loss"] += float(ent.detach())
-        sums["clipped"] += float(out.clipped.sum())
-        sums["entropy"] += float((entropy.detach() * mask).sum())
-        sums["ppo_kl"] += float(((mb.old_logprobs - logp.detach()) * mask).sum())
-        sums["ratio"] += float((out.ratio * mask).sum())
-        return loss, float(out.ratio[mask > 0].max()) if mask.any() else 0.0
 
     def begin_accumulation(self) -> None:
         """Zero the gradients, unless a backward since the last :meth:`apply_gradients` already holds some (every
@@ -460,12 +345,5 @@ class TrainingEngine:
 
     @functools.cached_property
     def proximal_in_pass_possible(self) -> bool:
-        """Whether a batch that trains one update may take its proximal logprobs from the training forward
-        (:mod:`.proximal`): nothing needs them before the loss (a KL reward penalty does, for the advantages),
-        and the train-mode forward computes what the eval-mode one would (no dropout)."""
-        if self.settings.kl_penalty_coef > 0:
-            return False
-        config = getattr(self.model, "config", None)
-        if getattr(config, "attention_dropout", 0.0):  # Llama-style: functional, in train mode only
-            return False
-        return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+        """Whether a batch that trains one update may take its proximal logprobs from the training forward."""
+        return proximal_in_pass_possible(self.model, self.settings)

@@ -46,3 +46,22 @@ def response_logprobs(
     token_logprobs = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     entropy = entropy_from_logprobs(log_probs if entropy_grad else log_probs.detach()) if with_entropy else None
     return token_logprobs, entropy
+
+
+@torch.no_grad()
+def batch_logprobs(model: torch.nn.Module, batch: Batch, parallel, micro_batch_size: int, temperature: float,
+                   autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Response logprobs ``[B, R]`` of ``batch`` under ``model``, in micro-batches, with no gradient: each rank
+    of ``parallel`` (a :mod:`.parallel` strategy) computes its rows and every rank gets the whole matrix."""
+    was_training = model.training
+    model.eval()
+    rows = parallel.rows(len(batch))
+    out = batch.behaviour_logprobs.new_zeros((len(rows), batch.response_width))
+    try:
+        for mb in parallel.micro_batches(batch, micro_batch_size):
+            logp, _ = response_logprobs(model, mb.batch, temperature=temperature, autocast_dtype=autocast_dtype)
+            if not mb.padding:
+                out[[row - rows.start for row in mb.rows], : logp.shape[1]] = logp
+    finally:
+        model.train(was_training)
+    return parallel.gather_rows(out, len(batch)) * batch.response_mask

@@ -30,15 +30,31 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
 from .batch import Batch
 
-if TYPE_CHECKING:
-    from .engine import TrainingEngine
+
+class Checkpointed(Protocol):
+    """What a strategy saves and restores of a training engine (:class:`~.engine.TrainingEngine`)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    lora: Any  # LoraSettings | None: under LoRA only the adapters are kept
+    device: torch.device
+
+    @property
+    def step(self) -> int: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def restore_schedule(self, scheduler_state: dict[str, Any], step: int) -> None: ...
 
 ENGINE_FILE = "engine.pt"  # single-process and DDP checkpoints: one file, written by rank 0
 SHARDED_DIR = "engine"  # FSDP checkpoints: a torch.distributed.checkpoint directory, every rank writes its shard
@@ -122,14 +138,14 @@ class SingleProcess:
         """The whole tensor of a (possibly sharded) parameter or buffer."""
         return tensor
 
-    def save_state(self, engine: "TrainingEngine", directory: Path) -> None:
+    def save_state(self, engine: Checkpointed, directory: Path) -> None:
         if self.rank == 0:
             with open(directory / ENGINE_FILE, "wb") as fh:
                 torch.save(engine.state_dict(), fh)
                 fh.flush()
                 os.fsync(fh.fileno())
 
-    def load_state(self, engine: "TrainingEngine", directory: Path) -> None:
+    def load_state(self, engine: Checkpointed, directory: Path) -> None:
         if not (directory / ENGINE_FILE).is_file() and (directory / SHARDED_DIR).is_dir():
             _load_sharded(engine, directory)  # written by FSDP ranks: torch.distributed.checkpoint reshards
             return
@@ -240,12 +256,12 @@ class FSDPStrategy(_Distributed):
 
         return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
-    def save_state(self, engine: "TrainingEngine", directory: Path) -> None:
+    def save_state(self, engine: Checkpointed, directory: Path) -> None:
         import torch.distributed.checkpoint as dcp
 
         dcp.save(_sharded_state(engine), checkpoint_id=str(directory / SHARDED_DIR))
 
-    def load_state(self, engine: "TrainingEngine", directory: Path) -> None:
+    def load_state(self, engine: Checkpointed, directory: Path) -> None:
         if not (directory / SHARDED_DIR).is_dir():
             raise FileNotFoundError(f"{directory} holds a single-process / DDP trainer state ({ENGINE_FILE}), "
                                     "which FSDP ranks do not load: resume it with trainer.parallel: ddp or "
@@ -253,7 +269,7 @@ class FSDPStrategy(_Distributed):
         _load_sharded(engine, directory)
 
 
-def _sharded_state(engine: "TrainingEngine") -> dict[str, Any]:
+def _sharded_state(engine: Checkpointed) -> dict[str, Any]:
     """The engine's state in torch.distributed.checkpoint's form (fully qualified names; this rank's shards);
     under LoRA the frozen base is left out (it is the model directory's)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -263,14 +279,14 @@ def _sharded_state(engine: "TrainingEngine") -> dict[str, Any]:
             "scheduler": engine.scheduler.state_dict(), "step": engine.step}
 
 
-def _state_options(engine: "TrainingEngine"):
+def _state_options(engine: Checkpointed):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     adapters_only = engine.lora is not None
     return StateDictOptions(ignore_frozen_params=adapters_only, strict=not adapters_only)
 
 
-def _load_sharded(engine: "TrainingEngine", directory: Path) -> None:
+def _load_sharded(engine: Checkpointed, directory: Path) -> None:
     """Load a torch.distributed.checkpoint state into the engine, whatever number of ranks wrote it."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict

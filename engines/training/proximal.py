@@ -24,6 +24,7 @@ import math
 import torch
 
 from ..algorithms import truncated_importance_weights
+from ..settings.training import TrainingSettings
 from .batch import Batch
 
 
@@ -82,3 +83,15 @@ class InPassProximal:
                     "actor/is_truncated_frac": 0.0}
         return {"actor/is_ratio_mean": ratio_sum / tokens, "actor/is_ratio_min": ratio_min,
                 "actor/is_ratio_max": ratio_max, "actor/is_truncated_frac": truncated / tokens}
+
+
+def proximal_in_pass_possible(model: torch.nn.Module, settings: TrainingSettings) -> bool:
+    """Whether a batch that trains one update may take its proximal logprobs from the training forward: nothing
+    needs them before the loss (a KL reward penalty does, for the advantages), and the train-mode forward
+    computes what the eval-mode one would (no dropout)."""
+    if settings.kl_penalty_coef > 0:
+        return False
+    config = getattr(model, "config", None)
+    if getattr(config, "attention_dropout", 0.0):  # Llama-style: functional, in train mode only
+        return False
+    return not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())

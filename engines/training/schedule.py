@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from .settings import TrainingSettings
+from ..settings.training import TrainingSettings
 
 
 def lr_factor(step: int, settings: TrainingSettings) -> float:

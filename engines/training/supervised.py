@@ -28,19 +28,38 @@ import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
 from streamrft.schemas import Experience, Objective
 
 from ..algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, token_mean
+from ..settings.training import TrainingSettings
 from .batch import Batch
 from .logprobs import response_logprobs
 from .parallel import MicroBatch, SingleProcess, padding_row
 
-if TYPE_CHECKING:
-    from .engine import TrainingEngine
+
+class StepEngine(Protocol):
+    """What a mixed step uses of the training engine (:class:`~.engine.TrainingEngine`): its stages, its
+    data-parallel strategy and its model."""
+
+    settings: TrainingSettings
+    parallel: SingleProcess
+    model: torch.nn.Module
+    train_model: torch.nn.Module  # the model as wrapped for training (DDP / FSDP)
+    autocast_dtype: torch.dtype | None
+
+    def prepare(self, experiences: Any, needs_correction: Any = None, *, one_update: bool = False) -> Batch: ...
+
+    def collate(self, experiences: Sequence[Experience]) -> Batch: ...
+
+    def backward(self, batch: Batch, weight: float = 1.0) -> dict[str, float]: ...
+
+    def begin_accumulation(self) -> None: ...
+
+    def apply_gradients(self) -> dict[str, float]: ...
 
 CHOSEN, REJECTED = 0, 1  # a DPO record's run_index
 
@@ -112,7 +131,7 @@ def pair_order(experiences: Sequence[Experience]) -> list[Experience]:
     return ordered
 
 
-def train_mixed_step(engine: "TrainingEngine", split: ObjectiveSplit) -> dict[str, float]:
+def train_mixed_step(engine: StepEngine, split: ObjectiveSplit) -> dict[str, float]:
     """One optimiser step on RL and supervised rows together (module docstring: each objective's loss weighted
     by its share of the rows)."""
     metrics: dict[str, float] = {}
@@ -130,7 +149,7 @@ def train_mixed_step(engine: "TrainingEngine", split: ObjectiveSplit) -> dict[st
     return metrics
 
 
-def sft_backward(engine: "TrainingEngine", batch: Batch, weight: float = 1.0) -> dict[str, float]:
+def sft_backward(engine: StepEngine, batch: Batch, weight: float = 1.0) -> dict[str, float]:
     """Accumulate ``weight`` × the SFT loss of ``batch``'s rows (token mean over all of them, whatever the
     micro-batches and ranks); returns ``sft/*`` metrics."""
     engine.begin_accumulation()
@@ -152,7 +171,7 @@ def sft_backward(engine: "TrainingEngine", batch: Batch, weight: float = 1.0) ->
     return {"sft/loss": total, "sft/num_tokens": num_tokens, "sft/num_sequences": float(len(batch))}
 
 
-def dpo_backward(engine: "TrainingEngine", batch: Batch, weight: float = 1.0) -> dict[str, float]:
+def dpo_backward(engine: StepEngine, batch: Batch, weight: float = 1.0) -> dict[str, float]:
     """Accumulate ``weight`` × the preference loss of ``batch``, whose rows are pairs in order (chosen,
     rejected, ...) and whose behaviour logprobs are the reference's (mean over the pairs); ``dpo/*`` metrics."""
     engine.begin_accumulation()
@@ -213,6 +232,6 @@ def pair_micro_batches(parallel: SingleProcess, batch: Batch, size: int) -> Iter
             yield MicroBatch([], padding_row(batch), padding=True)
 
 
-def _logprobs(engine: "TrainingEngine", mb: Batch) -> torch.Tensor:
+def _logprobs(engine: StepEngine, mb: Batch) -> torch.Tensor:
     logp, _ = response_logprobs(engine.train_model, mb, temperature=1.0, autocast_dtype=engine.autocast_dtype)
     return logp

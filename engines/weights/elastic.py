@@ -292,33 +292,3 @@ class ElasticMember:
             return None
         return CollectiveGroup.join(record["address"], 1 + members.index(self.member), 1 + len(members),
                                     device=self.device, timeout_s=self.timeout_s)
-
-
-def delivery_state(delivery: Delivery, catch_up_uri: str = "") -> str:
-    """The ``state`` of a WEIGHTS_PUBLISHED(COLLECTIVE): which epoch carried it to whom, and where a receiver
-    that missed it finds it (a manifest URI; its sha256 is the signal's)."""
-    return json.dumps({"epoch": delivery.epoch, "receivers": list(delivery.receivers), "catch_up": catch_up_uri})
-
-
-@dataclass(frozen=True)
-class DeliveryState:
-    epoch: int
-    receivers: tuple[str, ...]
-    catch_up: str
-
-
-def parse_delivery_state(state: str) -> DeliveryState:
-    """The state :func:`delivery_state` wrote, or ValueError saying what is wrong with it."""
-    if not state:
-        return DeliveryState(0, (), "")
-    value = json.loads(state)
-    if not isinstance(value, dict):
-        raise ValueError("the state of a collective WEIGHTS_PUBLISHED is not a JSON object")
-    epoch, receivers, catch_up = value.get("epoch", 0), value.get("receivers", []), value.get("catch_up", "")
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch {epoch!r} is not an integer >= 0")
-    if not isinstance(receivers, list) or not all(isinstance(r, str) for r in receivers):
-        raise ValueError("receivers is not a list of member ids")
-    if not isinstance(catch_up, str):
-        raise ValueError("catch_up is not a URI")
-    return DeliveryState(epoch, tuple(receivers), catch_up)

@@ -7,7 +7,8 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..lora import ADAPTER_PAYLOAD, PAYLOAD_KEY, AdapterMerger, LoraSettings, read_base_weights
+from ..lora import AdapterMerger, read_base_weights
+from ..settings.lora import ADAPTER_PAYLOAD, PAYLOAD_KEY, LoraSettings
 from ..models import MODEL_LOAD_LOCK
 from .object_store import ObjectStore, load_weights, read_manifest
 

@@ -34,9 +34,7 @@ import json
 import logging
 import mmap
 import os
-import posixpath
 import re
-import time
 import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -47,18 +45,24 @@ from typing import Any, NamedTuple
 import fsspec
 import torch
 from fsspec.implementations.local import LocalFileSystem
-from urllib.parse import unquote
 
 from streamrft.schemas import now_ms
 
 from .errors import (
     ChecksumRequiredError,
-    ForeignUriError,
     ManifestIntegrityError,
     ManifestMismatchError,
     ShardIntegrityError,
     UnsafeShardNameError,
     WeightFormatError,
+)
+from .locations import (
+    HEX256,
+    MANIFEST_NAME,
+    check_lineage,
+    is_sha256,
+    parse_version_dir,
+    version_dir_name,
 )
 from .safetensors_io import (
     CHUNK_BYTES,
@@ -72,37 +76,8 @@ from .safetensors_io import (
 logger = logging.getLogger(__name__)
 
 FORMAT = "streamrft.weights/2"  # /1 had sha256 shard digests
-MANIFEST_NAME = "manifest.json"
 DEFAULT_MAX_SHARD_BYTES = 256 << 20  # small enough to hash several shards in parallel and bound memory
-_LINEAGE = r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}"  # goes into a directory name: no '/', no '.'
-_LINEAGE_RE = re.compile(rf"^{_LINEAGE}$")
-_VERSION_DIR = re.compile(rf"^v(\d{{8,}})(?:-({_LINEAGE}))?$")
 _SHARD_FILE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}$")  # a plain name: no '/', no leading '.'
-_HEX256 = re.compile(r"^[0-9a-f]{64}$")  # a 256-bit digest in hex: sha256 or BLAKE3
-
-
-def new_lineage() -> str:
-    """A fresh lineage id for one trainer lifetime: UTC start time (readable, roughly ordered) + random."""
-    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-
-
-def check_lineage(lineage: str) -> str:
-    """``lineage`` if it can name a directory ('' = none); ValueError otherwise."""
-    if lineage and not _LINEAGE_RE.match(lineage):
-        raise ValueError(f"lineage {lineage!r} must be letters, digits, '-' and '_' (at most 64), or empty")
-    return lineage
-
-
-def version_dir_name(version: int, lineage: str = "") -> str:
-    """``v00000007`` or ``v00000007-<lineage>``: where a version of a lineage lives under the base URL."""
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be an integer >= 0, got {version!r}")
-    check_lineage(lineage)
-    return f"v{version:08d}-{lineage}" if lineage else f"v{version:08d}"
-
-
-def is_sha256(value: object) -> bool:
-    return isinstance(value, str) and bool(_HEX256.match(value))
 
 
 class PublishedWeights(NamedTuple):
@@ -198,7 +173,7 @@ def _shard_entry(doc: dict, uri: str) -> ShardEntry:
     if not isinstance(file, str) or not _SHARD_FILE.match(file) or ".." in file:
         raise UnsafeShardNameError(f"manifest {uri}: shard file {file!r} is not a plain file name in the "
                                    "manifest's directory; refusing it")
-    if not _HEX256.match(str(doc["blake3"])):
+    if not HEX256.match(str(doc["blake3"])):
         raise ValueError(f"shard {file}: blake3 {doc['blake3']!r} is not 64 hex digits")
     return ShardEntry(file, _count(doc["nbytes"], f"{file} nbytes"), doc["blake3"],
                       tuple(str(n) for n in doc["tensors"]))
@@ -351,9 +326,9 @@ class ObjectStore:
             return {}
         found = {}
         for path in self.fs.ls(self.root, detail=False):
-            match = _VERSION_DIR.match(path.rstrip("/").rpartition("/")[2])
-            if match:
-                found[(match.group(2) or "", int(match.group(1)))] = path.rstrip("/")
+            key = parse_version_dir(path.rstrip("/").rpartition("/")[2])
+            if key is not None:
+                found[key] = path.rstrip("/")
         return found
 
     def _is_complete(self, path: str) -> bool:
@@ -407,40 +382,6 @@ class ObjectStore:
             logger.info("pruned weight versions %s (keeping the last %d, lineage %r first)", removed,
                         self.keep_last, self.lineage)
         return removed
-
-
-def check_manifest_uri(store_url: str, uri: str, version: int, lineage: str = "",
-                       storage_options: dict[str, Any] | None = None) -> str:
-    """``uri`` if it is exactly the manifest of ``version`` of ``lineage`` under ``store_url``; else
-    ForeignUriError. Same fsspec protocol (and chain) as the store, no ``.``/``..`` path segment (also
-    percent-encoded), no other directory. The store's filesystem class is the only one imported: a URI of another
-    protocol is refused before fsspec loads anything for it."""
-    base_chain, _, base_last = store_url.rpartition("::")
-    chain, _, last = uri.rpartition("::")
-    if chain != base_chain:
-        raise ForeignUriError(uri, store_url, f"fsspec chain {chain!r}, the store's is {base_chain!r}")
-    base_protocol = _protocol(base_last)
-    protocol = _protocol(last)
-    cls = fsspec.get_filesystem_class(base_protocol)
-    known = cls.protocol if isinstance(cls.protocol, (tuple, list)) else (cls.protocol,)
-    if protocol not in {"file" if p == "local" else p for p in known}:
-        raise ForeignUriError(uri, store_url, f"protocol {protocol!r}, the store's is {base_protocol!r}")
-    raw = fsspec.core.split_protocol(last)[1]
-    segments = set(raw.split("/")) | set(unquote(raw).split("/"))
-    if segments & {".", ".."}:
-        raise ForeignUriError(uri, store_url, "'.' or '..' in the path")
-    fs, root = fsspec.core.url_to_fs(store_url, **(storage_options or {}))
-    expected = posixpath.join(root.rstrip("/") or "/", version_dir_name(version, lineage), MANIFEST_NAME)
-    actual = fs._strip_protocol(last)
-    if actual != expected:
-        raise ForeignUriError(uri, store_url, f"v{version} of lineage {lineage!r} is published at "
-                                              f"{fs.unstrip_protocol(expected)}")
-    return uri
-
-
-def _protocol(url: str) -> str:
-    protocol = fsspec.core.split_protocol(url)[0] or "file"
-    return "file" if protocol == "local" else protocol
 
 
 def read_manifest(

@@ -16,11 +16,10 @@ from .base import (
     Workflow,
     WorkflowError,
     WorkflowSample,
-    build_workflow,
     chat_suffix_ids,
     parse_payload,
-    run_workflow,
 )
+from .build import build_workflow, get_workflow_class, run_workflow
 from .episode import Environment, EpisodeWorkflow, Turn, episode_workflow
 from .scheduler import SharedEngine, WorkflowPool, run_workflows
 from .registry import (
@@ -30,7 +29,6 @@ from .registry import (
     UnknownNameError,
     get_environment_class,
     get_reward,
-    get_workflow_class,
     register_environment,
     register_reward,
     register_workflow,
@@ -41,7 +39,8 @@ from .registry import (
     workflow_names,
 )
 from .tools import Tool, ToolEnvironment, ToolError
-from .judge import JudgeReward, JudgeSettings, parse_score
+from .judge import JudgeReward, judge_sampling, parse_score
+from ..settings.judge import JudgeSettings
 from .rewards import GroupReward, Reward, RewardFailure, answers_match, final_number, last_boxed, parse_number
 from .teacher import check_same_tokenizer, reverse_kl, teacher_forced_logprobs
 

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..inference.base import InferenceEngine
-from .judge import JudgeSettings
+from ..settings.judge import JudgeSettings
 
-if TYPE_CHECKING:
-    from .base import WorkflowSample
+
+class Sequenced(Protocol):
+    """What a teacher reads of a sample (a :class:`~.base.WorkflowSample`): its tokens, the prompt first."""
+
+    tokens: Sequence[int]
+    prompt_length: int
 
 
 class UnknownAuxiliaryModel(KeyError):
@@ -70,7 +74,7 @@ class Teacher:
     tokenizer: Any
     score: ScoreCall
 
-    def logprobs(self, samples: Sequence["WorkflowSample"], temperature: float) -> list[list[float]]:
+    def logprobs(self, samples: Sequence[Sequenced], temperature: float) -> list[list[float]]:
         """Per sample, ``log_softmax(teacher_logits / temperature)`` of each response token (``temperature``: the
         one the policy's logprobs were taken at, so the two compare token by token)."""
         if not samples:

@@ -79,16 +79,20 @@ def unregister_reward(name: str) -> None:
     _REWARDS.pop(name, None)
 
 
-def get_workflow_class(name: str) -> Any:
-    """The workflow class registered as ``name``; for an environment's name, an ``EpisodeWorkflow`` of it."""
-    if name in _WORKFLOWS or _plugin(WORKFLOW_GROUP, name) is not None:
-        return _lookup(_WORKFLOWS, WORKFLOW_GROUP, "workflow", name)
-    if name in _ENVIRONMENTS or _plugin(ENVIRONMENT_GROUP, name) is not None:
-        from .episode import episode_workflow  # episode imports this module
+def is_workflow(name: str) -> bool:
+    """A workflow (built in or a plugin) is registered as ``name``."""
+    return name in _WORKFLOWS or _plugin(WORKFLOW_GROUP, name) is not None
 
-        return episode_workflow(_lookup(_ENVIRONMENTS, ENVIRONMENT_GROUP, "environment", name))
-    raise UnknownNameError(f"unknown workflow {name!r}; known: {workflow_names()} (plugins register under "
-                           f"{WORKFLOW_GROUP!r}, environments under {ENVIRONMENT_GROUP!r})")
+
+def is_environment(name: str) -> bool:
+    """An environment (built in or a plugin) is registered as ``name``."""
+    return name in _ENVIRONMENTS or _plugin(ENVIRONMENT_GROUP, name) is not None
+
+
+def registered_workflow_class(name: str) -> Any:
+    """The workflow class registered as ``name`` (an environment's workflow is built by
+    :func:`streamrft.engines.workflows.build.get_workflow_class`)."""
+    return _lookup(_WORKFLOWS, WORKFLOW_GROUP, "workflow", name)
 
 
 def get_environment_class(name: str) -> Any:

@@ -34,8 +34,9 @@ from streamrft.schemas import Task
 
 from ..inference.base import Completion, EngineError, Finished, InferenceEngine, SamplingParams, per_prompt_params
 from .auxiliary import AuxiliaryModels, Teacher, WorkflowContext
-from .base import WorkflowError, WorkflowSample, run_workflow
-from .limits import WorkLimits
+from .base import WorkflowError, WorkflowSample
+from .build import run_workflow
+from ..settings.limits import WorkLimits
 from .teacher import scorer_for
 
 # what a finished workflow hands back: its samples, or the error it failed with

@@ -28,23 +28,22 @@ import re
 import shutil
 import signal
 import socket
-import tempfile
 import time
 import uuid
-from importlib import resources
 from pathlib import Path
 
 from ..config.kafka import EmbeddedBrokerConfig
 from ..errors import BrokerError
 from . import placement
 from .jars import Java, ensure_jars, find_java
-from .node import HOST, JVM_OUT, LOG_FILE, STORAGE, BrokerNode, PortTaken, Quorum
-from .security import SECURITY_DIR, BrokerSecurity
+from .node import HOST, BrokerNode, PortTaken, Quorum
+from .data_dir import node_dir, prepare_data_dir
+from .readiness import Readiness
+from .security import BrokerSecurity
 from .state import BrokerState
 
 logger = logging.getLogger(__name__)
 
-NODE_DIR = "node-{}"  # a cluster node's data, under the broker's data dir
 QUORUMLESS_GRACE_S = 3.0  # at stop, what a node left without a controller quorum gets to finish (see stop)
 
 
@@ -165,11 +164,11 @@ class EmbeddedBroker:
         began = time.monotonic()
         self._java = find_java()
         ensure_jars(self.config.kafka_version)
-        self._prepare_data_dir()
+        self.data_dir = prepare_data_dir(self._given_data_dir, self.config.nodes)
         if self.config.security != "none":
             self.security = BrokerSecurity.prepare(self.config.security, self.data_dir, HOST)
         removes = None if self.keep_data else self.data_dir
-        self.nodes = [BrokerNode(i, self._node_dir(i), self.config, detached=self.detached, removes=removes)
+        self.nodes = [BrokerNode(i, node_dir(self.data_dir, self.config.nodes, i), self.config, detached=self.detached, removes=removes)
                       for i in range(1, self.config.nodes + 1)]
         deadline = began + self.config.start_timeout_s
         atexit.register(self.stop)
@@ -180,7 +179,7 @@ class EmbeddedBroker:
                 for node in self.nodes:
                     node.launch(self._java)
                 try:
-                    self._wait_ready(deadline)
+                    Readiness(self).wait(deadline)
                     break
                 except PortTaken:
                     logger.debug("a picked port was taken meanwhile (attempt %d); retrying", attempt + 1)
@@ -293,14 +292,15 @@ class EmbeddedBroker:
         node.format(self._java, self.cluster_id)
         node.launch(self._java)
         deadline = time.monotonic() + (timeout or self.config.start_timeout_s)
+        readiness = Readiness(self)
         try:
-            self._wait_port(node, deadline)
+            readiness.port(node, deadline)
             # "started" is logged once the node is an unfenced broker; the cluster's metadata may still list the
             # killed incarnation for a few seconds, so it cannot tell
             while not node.started():
-                self._check(deadline, f"start node {node_id} again")
+                readiness.check(deadline, f"start node {node_id} again")
                 time.sleep(0.1)
-            self._wait_metadata(deadline, brokers=len(self.nodes))
+            readiness.metadata(deadline, brokers=len(self.nodes))
         except PortTaken:
             node.end(timeout=0)
             raise BrokerError(f"node {node_id} cannot listen on its old port {node.port} again: something else took "
@@ -359,41 +359,6 @@ class EmbeddedBroker:
                 f"heap, and this machine has {available / 2**30:.1f} GiB available; lower broker.heap (384m is "
                 "enough for loopback runs) or broker.nodes")
 
-    def _node_dir(self, node_id: int) -> Path:
-        return self.data_dir if self.config.nodes == 1 else self.data_dir / NODE_DIR.format(node_id)
-
-    def _prepare_data_dir(self) -> None:
-        if self._given_data_dir is None:
-            self.data_dir = Path(tempfile.mkdtemp(prefix="streamrft-kafka-"))
-        else:
-            self.data_dir = self._given_data_dir
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._check_data_dir_holds_ours()
-        for node_id in range(1, self.config.nodes + 1):
-            directory = self._node_dir(node_id)
-            directory.mkdir(exist_ok=True)
-            (directory / "log4j2.properties").write_text(
-                resources.files(__package__).joinpath("log4j2.properties").read_text())
-
-    def _check_data_dir_holds_ours(self) -> None:
-        """stop() deletes the data dir (unless keep_data): never adopt a directory holding anything else, nor one
-        holding a broker of another size (a static KRaft quorum cannot grow or shrink)."""
-        names = {p.name for p in self.data_dir.iterdir()}
-        node_dirs = {n for n in names if re.fullmatch(NODE_DIR.format(r"\d+"), n)}
-        node_files = {STORAGE, "server.properties", "log4j2.properties", LOG_FILE, JVM_OUT, "classes.jsa"}
-        strangers = sorted(names - node_files - node_dirs - {SECURITY_DIR})
-        held = max((int(n.split("-")[1]) for n in node_dirs), default=1 if STORAGE in names else 0)
-        problem = None
-        if strangers:
-            problem = f"holds files that are not the broker's ({', '.join(strangers[:5])})"
-        elif held and held != self.config.nodes:
-            problem = (f"holds the data of a {held}-node broker and broker.nodes is {self.config.nodes}; start it with "
-                       f"broker.nodes: {held}, or")
-        if problem:
-            given = self.data_dir
-            self.data_dir = None
-            raise BrokerError(f"{given} {problem}; give broker.data_dir / --data-dir a new or empty directory")
-
     def _configure(self, ports: list[int]) -> None:
         """Two ports per node; every node a voter of the static KRaft quorum."""
         count = len(self.nodes)
@@ -415,101 +380,6 @@ class EmbeddedBroker:
         self.cluster_id = found.pop() if found else new_cluster_id()
         for node in self.nodes:
             node.format(self._java, self.cluster_id)
-
-    def _wait_ready(self, deadline: float) -> None:
-        launched = time.monotonic()
-        for node in self.nodes:  # 1. every JVM listens on its client port
-            self._wait_port(node, deadline)
-        logger.debug("ports open %.2f s after launch", time.monotonic() - launched)
-        self._wait_metadata(deadline, brokers=len(self.nodes))  # 2. our cluster answers, every broker registered
-        logger.debug("metadata answered %.2f s after launch", time.monotonic() - launched)
-        self._wait_transactions(deadline)  # 3. the transaction coordinator hands out producer ids
-        logger.debug("transactions usable %.2f s after launch", time.monotonic() - launched)
-        self._wait_group_coordinator(deadline)  # 4. and the group coordinator answers
-        logger.debug("group coordinator usable %.2f s after launch", time.monotonic() - launched)
-
-    def _check(self, deadline: float, what: str) -> None:
-        for node in self.nodes:
-            if node.proc is not None:
-                node.check_alive(what)
-        if time.monotonic() > deadline:
-            raise BrokerError(
-                f"the Kafka {self.kind} did not {what} within broker.start_timeout_s="
-                f"{self.config.start_timeout_s:g} s.\n{self.log_tail()}\n"
-                "On a slow or busy machine raise broker.start_timeout_s (STREAMRFT_BROKER__START_TIMEOUT_S)."
-            )
-
-    def _wait_port(self, node: BrokerNode, deadline: float) -> None:
-        while True:
-            self._check(deadline, f"open node {node.node_id}'s client port")
-            try:
-                socket.create_connection((HOST, node.port), timeout=0.5).close()
-                return
-            except OSError:
-                time.sleep(0.05)
-
-    def _wait_metadata(self, deadline: float, brokers: int) -> None:
-        from confluent_kafka import KafkaException
-
-        admin = self.admin()
-        while True:
-            self._check(deadline, f"answer metadata with its {brokers} broker(s)")
-            try:
-                metadata = admin.list_topics(timeout=max(0.5, min(2.0, deadline - time.monotonic())))
-            except KafkaException:
-                time.sleep(0.05)
-                continue
-            if metadata.cluster_id != self.cluster_id:
-                raise PortTaken()  # someone else's Kafka answers on a port we picked
-            if len(metadata.brokers) >= brokers:
-                return
-            time.sleep(0.1)
-
-    def _wait_transactions(self, deadline: float) -> None:
-        """The first request creates and loads the transaction topic; librdkafka retries "not available" /
-        "loading" on its own fixed 500 ms timers (~1 s in all here). A timed-out init_transactions() resumes
-        where it left off when called again."""
-        from confluent_kafka import KafkaError, KafkaException, Producer
-
-        props = {**self.client_properties(), "transactional.id": f"streamrft-ready-probe-{uuid.uuid4().hex[:8]}"}
-        producer = Producer(props)
-        while True:
-            self._check(deadline, "accept transactions")
-            try:
-                producer.init_transactions(max(0.1, min(2.0, deadline - time.monotonic())))
-                break
-            except KafkaException as exc:
-                error = exc.args[0]
-                if error.fatal():
-                    raise BrokerError(f"the broker refused transactions: {error.str()}\n{self.log_tail()}") from exc
-                logger.debug("init_transactions: %s", error)
-                if error.code() != KafkaError._TIMED_OUT:
-                    # e.g. COORDINATOR_LOAD_IN_PROGRESS handed back to us: start over with a fresh producer
-                    producer = Producer(props)
-        close = getattr(producer, "close", None)  # Producer.close() only exists in newer confluent-kafka
-        if close:
-            close()
-
-    def _wait_group_coordinator(self, deadline: float) -> None:
-        """Looking up a group's coordinator creates the offsets topic. In a cluster it must exist before a broker
-        can be lost: it is created with every replica or not at all. (A consumer's committed() rather than the
-        admin API's list_consumer_group_offsets, which crashed confluent-kafka 2.16 now and then while the
-        coordinator was still loading.)"""
-        from confluent_kafka import Consumer, KafkaException, TopicPartition
-
-        consumer = Consumer({**self.client_properties(), "group.id": f"streamrft-ready-probe-{uuid.uuid4().hex[:8]}"})
-        try:
-            while True:
-                self._check(deadline, "find a group coordinator")
-                try:
-                    consumer.committed([TopicPartition("streamrft-ready-probe", 0)],
-                                       timeout=max(0.5, min(2.0, deadline - time.monotonic())))
-                    return
-                except KafkaException as exc:
-                    logger.debug("group coordinator: %s", exc.args[0])
-                    time.sleep(0.1)
-        finally:
-            consumer.close()
 
 
 def _killpg(pid: int, sig: int) -> None:

@@ -1,6 +1,6 @@
 """``streamrft data produce FILE|- --as sft|dpo``: supervised data (chat conversations, preference pairs) into a
 run's ``experiences`` topic, where the trainer mixes it into RL batches (``trainer.mix``) or trains it alone
-(``explorer.mode: train``)."""
+(``mode: train``)."""
 from __future__ import annotations
 
 import argparse
@@ -82,7 +82,7 @@ def supervised_items(config: RunConfig, source: str, objective: str, mapping: Ch
     (``streamrft run`` produces ``launch.data_files`` with this too)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from streamrft.consumers.model_paths import resolve_model_path
+    from streamrft.model_paths import resolve_model_path
     from streamrft.producers.supervised_data import read_dpo, read_sft
 
     model_dir = resolve_model_path(config.model.path)
@@ -95,7 +95,7 @@ def supervised_items(config: RunConfig, source: str, objective: str, mapping: Ch
     limit = min(filter(None, (max_tokens, positions)), default=None)
     if objective == "sft":
         return read_sft(source, mapping, tokenizer, max_tokens=limit)
-    from streamrft.producers.reference import ReferencePolicy
+    from streamrft.engines.training.reference import ReferencePolicy
 
     reference = ReferencePolicy(model_dir, device=device, batch_size=batch_size)
     return read_dpo(source, mapping, tokenizer, reference, max_tokens=limit)

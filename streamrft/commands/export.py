@@ -26,7 +26,7 @@ def register(subparsers) -> None:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from streamrft.consumers.model_paths import resolve_model_path
+    from streamrft.model_paths import resolve_model_path
     from streamrft.engines.weights.export import export_version
 
     config = config_from(args)

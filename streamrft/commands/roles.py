@@ -62,9 +62,9 @@ def run_explorer(args: argparse.Namespace) -> int:
         return 0 if state.done or explorer.stop.requested else 1
 
     config = config_from(args)
-    if config.explorer.mode == "train":
-        raise ConfigError("explorer.mode is train: this run has no explorer (its trainer trains supervised data "
-                          "alone); set explorer.mode: both to roll out tasks")
+    if not config.shape.has_explorer:
+        raise ConfigError(f"mode is {config.mode}: this run has no explorer (its trainer trains supervised data "
+                          "alone); set mode: both to roll out tasks")
     return _run_role(args, Explorer, run, config)
 
 

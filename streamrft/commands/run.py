@@ -4,8 +4,9 @@
    replicated cluster) or use the configured cluster;  2. create the run's topics, and with ``broker.security`` on
    a principal per role with its ACLs (``streamrft.principals``);  3. produce the config's task files and data
    files (not on --resume);
-4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process (in
-   ``explorer.mode: train`` the trainer and the monitor only; in ``explore`` no trainer);
+4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process (the roles of the
+   run's shape, ``streamrft/run_shape.py``: in ``mode: train`` the trainer and the monitor only; in ``explore``
+   no trainer);
 5. show the live dashboard until the explorer and trainer finish; a role that dies stops the run with its
    traceback; Ctrl-C stops every role cleanly and leaves a run that `--resume` continues.
 """
@@ -126,14 +127,14 @@ class _BrokerBootstrap:
 
 
 def _check_resumable(config: RunConfig, clients: KafkaClients) -> None:
-    what = "experiences" if config.explorer.mode == "train" else "tasks"
+    what = config.shape.input_topic
     topic = clients.config.topic(what)
     if not any(report.records for report in clients.describe() if report.name == topic):
         raise StreamrftError(f"the run has no {what} to resume; start it without --resume")
 
 
 def _produce_task_files(config: RunConfig, clients: KafkaClients) -> None:
-    if config.explorer.mode == "train":
+    if not config.shape.has_explorer:
         return  # no explorer to read tasks
     if not config.launch.task_files:
         console.print("[yellow]launch.task_files is empty: inject tasks with `streamrft tasks produce`[/]")
@@ -158,7 +159,7 @@ def _produce_data_files(config: RunConfig, clients: KafkaClients) -> None:
     from .data import produce_with_progress, supervised_items
     from streamrft.producers.chat_rows import ChatMapping
 
-    if config.explorer.mode == "train" and not config.launch.data_files:
+    if config.shape.trainer_reads_supervised_only and not config.launch.data_files:
         console.print("[yellow]launch.data_files is empty: produce the data with `streamrft data produce`[/]")
     producer = clients.producer(client_id="launcher")
     for data_file in config.launch.data_files:
@@ -195,7 +196,7 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
         principal = {"STREAMRFT_KAFKA__CREDENTIALS_FILE": str(credentials[role])} if role in credentials else {}
         return {**role_environment(bootstrap), **principal, **extra}
 
-    roles = config.explorer.roles  # explore mode: no trainer; train mode: the trainer alone
+    roles = config.shape.roles
     processes = []
     if "explorer" in roles:
         processes.append(RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer")))

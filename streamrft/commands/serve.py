@@ -31,7 +31,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"streamrft serve needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'streamrft[serve]'") from None
-    from streamrft.consumers.serve import ServeRole
+    from streamrft.consumers.serve.role import ServeRole
 
     def run(role: ServeRole) -> int:
         server = http_server(role, host=args.host, port=args.port)
@@ -47,10 +47,10 @@ def http_server(role, *, host: str | None = None, port: int | None = None):
     """A uvicorn server for ``role`` (not started)."""
     import uvicorn
 
-    from streamrft.consumers.serve_api import create_app
+    from streamrft.consumers.serve.app import create_app
 
     settings = role.settings
-    # keep-alive longer than any Retry-After the server gives (serve_api): a client that waits it out and sends
+    # keep-alive longer than any Retry-After the server gives (serve.app): a client that waits it out and sends
     # on its pooled connection must not find the server closing it at that moment (uvicorn's default is 5 s)
     config = uvicorn.Config(create_app(role), host=host or settings.host,
                             port=settings.port if port is None else port, log_level="warning",

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 
-from streamrft.engines.workflows.judge import JudgeSettings
+from streamrft.engines.settings.judge import JudgeSettings
 
 from .base import Section
 from .roles import VLLMConfig
@@ -53,7 +53,7 @@ class AuxiliaryModelConfig(Section):
 
 class JudgeConfig(JudgeSettings, Section):
     """``judge``: how ``reward_fn: judge`` asks ``model`` (an entry of ``auxiliary_models``) for a score. Every key
-    is declared once, in :class:`streamrft.engines.workflows.judge.JudgeSettings`."""
+    is declared once, in :class:`streamrft.engines.settings.judge.JudgeSettings`."""
 
 
 class DistillationConfig(Section):

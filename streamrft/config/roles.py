@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from streamrft.engines.lora import LoraSettings
-from streamrft.engines.training.settings import AlgorithmSettings, OptimizerSettings
+from streamrft.engines.settings.lora import LoraSettings
+from streamrft.engines.settings.training import AlgorithmSettings, OptimizerSettings
 
 from .base import Section
 from .tasksets import TasksetConfig, check_tasksets
@@ -78,7 +78,7 @@ class LaunchConfig(Section):
     task_files: tuple[TaskFile, ...] = ()
     data_files: tuple[DataFile, ...] = Field(
         default=(), description="supervised data produced to experiences before the roles start (trainer.mix, "
-                                "explorer.mode train)")
+                                "mode: train)")
     rollout_metrics_port_base: int = Field(default=9110, ge=0,
                                            description="worker i exposes Prometheus on base + i (0 = any)")
     dashboard_refresh_s: float = Field(default=2.0, gt=0)
@@ -100,11 +100,6 @@ class ExplorerConfig(Section):
     total_epochs: int | None = Field(default=1, ge=1, description="passes over the tasks topic; null = stream")
     max_steps: int | None = Field(default=None, ge=1, description="explorer steps to publish; null = until the "
                                                                  "tasks run out (total_epochs)")
-    mode: Literal["both", "explore", "train"] = Field(
-        default="both", description="both: pace on a trainer (weights versions, its lag); explore: no trainer "
-                                    "(data generation, evaluation of a fixed model): never wait for one; train: "
-                                    "no explorer and no rollout workers, the trainer alone on the supervised "
-                                    "experiences (streamrft data produce) of experiences")
     max_inflight_steps: int = Field(
         default=1, ge=1, le=64,
         description="steps published whose results are still being collected; more than 1 lets the explorer run "
@@ -131,13 +126,6 @@ class ExplorerConfig(Section):
     def _tasksets_apart(self) -> "ExplorerConfig":
         check_tasksets(self.tasksets)
         return self
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """The roles a run of this mode has: ``both`` all of them; ``explore`` no trainer; ``train`` the trainer
-        (and the monitor) alone, on supervised experiences."""
-        return {"both": ("explorer", "rollout", "trainer", "monitor"), "explore": ("explorer", "rollout", "monitor"),
-                "train": ("trainer", "monitor")}[self.mode]
 
     @property
     def min_results(self) -> int:
@@ -212,7 +200,7 @@ class RolloutConfig(Section):
 
 class AlgorithmConfig(AlgorithmSettings, Section):
     """``trainer.algorithm``: advantage, policy loss, KL, importance sampling. Every key is declared once, in
-    :class:`streamrft.engines.training.settings.AlgorithmSettings`; names are checked against the algorithm
+    :class:`streamrft.engines.settings.training.AlgorithmSettings`; names are checked against the algorithm
     registries there (plugins included)."""
 
 
@@ -265,7 +253,7 @@ class MixConfig(Section):
     def _room_for_rl(self) -> "MixConfig":
         if self.sft + self.dpo >= 1:
             raise ValueError(f"sft + dpo is {self.sft + self.dpo:g}: the shares of supervised rows must leave room "
-                             "for the RL rows (sum below 1); for supervised data alone use explorer.mode: train")
+                             "for the RL rows (sum below 1); for supervised data alone use mode: train")
         return self
 
     @property
@@ -281,7 +269,7 @@ class MixConfig(Section):
 
 class TrainerConfig(OptimizerSettings, Section):
     """``trainer``: the optimiser, schedule, batching and precision keys (lr, micro_batch_size, total_steps,
-    mixed_precision, ...) are declared once, in :class:`streamrft.engines.training.settings.OptimizerSettings`;
+    mixed_precision, ...) are declared once, in :class:`streamrft.engines.settings.training.OptimizerSettings`;
     the keys below are the role's own. ``RunConfig.training_settings`` hands both to the engine."""
 
     train_batch_size: int | None = Field(default=None, ge=1,

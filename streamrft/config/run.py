@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from streamrft.engines.training.settings import TrainingSettings
+from streamrft.run_shape import Mode, RunShape
+
+from streamrft.engines.settings.training import TrainingSettings
 from streamrft.errors import ConfigError
 
 from .auxiliary import AuxiliaryModelConfig, DistillationConfig, JudgeConfig, check_auxiliary
@@ -29,6 +31,12 @@ if TYPE_CHECKING:
 class RunConfig(Section):
     name: str = Field(default="demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     topic_prefix_override: str | None = Field(default=None, alias="topic_prefix")
+    mode: Literal["both", "explore", "train"] = Field(
+        default="both", description="the roles the run has (streamrft/run_shape.py): both: explorer, rollout "
+                                    "workers and trainer, the explorer paced on the trainer; explore: no trainer "
+                                    "(data generation, evaluation of a fixed model), never waiting for one; train: "
+                                    "no explorer and no rollout workers, the trainer alone on the supervised "
+                                    "experiences (streamrft data produce) of experiences")
     metrics_host: str = Field(default="127.0.0.1", min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$",
                               description="address every role's Prometheus endpoint binds (the endpoints have no "
                                           "authentication): loopback by default, 0.0.0.0 for a scraper elsewhere")
@@ -100,9 +108,7 @@ class RunConfig(Section):
                 f"kubernetes.rollout_max_replicas ({wanted}) is more than topics.rollouts.partitions "
                 f"({partitions}): a rollout worker beyond the partition count gets no work; raise the partitions "
                 "or lower the replicas")
-        if explorer.mode == "train" and trainer.mix.active:
-            raise ValueError("trainer.mix shares supervised rows into RL batches; explorer.mode train has no RL rows "
-                             "(its batches are all supervised, in the order produced): remove trainer.mix")
+        _ = self.shape  # RunShape refuses what no run can be (trainer.mix in mode train)
         if explorer.eval_interval is not None and not explorer.eval_tasksets:
             raise ValueError("explorer.eval_interval is set but explorer.eval_tasksets is empty; add a taskset "
                              "or remove eval_interval")
@@ -115,6 +121,11 @@ class RunConfig(Section):
                              f"ACLs of run 'a' (rft.a., a.trainer...) would also match a run named 'a.b'; use '-' "
                              "or '_' instead")
         return self
+
+    @property
+    def shape(self) -> RunShape:
+        """Which roles the run has and what its trainer reads."""
+        return RunShape(Mode(self.mode), mixes_supervised=self.trainer.mix.active)
 
     @property
     def train_batch_size(self) -> int:

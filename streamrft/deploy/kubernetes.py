@@ -45,16 +45,17 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
     k8s = config.kubernetes
     out: list[dict[str, Any]] = [_config_map(config, config_text)]
     out += [_kafka_topic(config, name, layout) for name, layout in config.topic_layouts().items()]
+    roles = config.shape.roles
     for role in ROLES:
-        if role not in config.explorer.roles:
-            continue  # explore mode runs without a trainer; train mode has neither explorer nor rollout workers
+        if role not in roles:
+            continue
         out.append(_workload(config, role))
         if _metrics_port(config, role) is not None:
             out += [_service(config, role), _service_monitor(config, role)]
     if _authenticated(config):
         out += [_kafka_user(config, role) for role in ACL_ROLES]
         out.append(_trigger_authentication(config))
-    if "rollout" in config.explorer.roles:
+    if "rollout" in roles:
         out.append(_scaled_object(config))
     for manifest in out:
         manifest["metadata"].setdefault("namespace", k8s.namespace)

@@ -18,7 +18,7 @@ from streamrft.consumers.explorer import Explorer
 from streamrft.consumers.rollout import RolloutWorker
 from streamrft.consumers.trainer import Trainer
 from streamrft.engines.inference import SamplingParams, create_engine
-from streamrft.engines.workflows import JudgeSettings, parse_score, teacher_forced_logprobs
+from streamrft.engines.workflows import JudgeSettings, judge_sampling, parse_score, teacher_forced_logprobs
 from streamrft.engines.workflows.auxiliary import AuxiliaryModels, WorkflowContext
 from streamrft.engines.workflows.judge import JudgeReward
 from streamrft.errors import ConfigError
@@ -116,14 +116,14 @@ def test_judge_rewards_through_the_loop_and_its_failures_in_the_results(run_conf
     payloads = {t.task_id: json.loads(t.payload) for t in tasks}
     asked = [JudgeReward(judge, payloads[e.task_id]).messages(e.prompt_text, e.response_text, payloads[e.task_id])
              for e in experiences]
-    replies = judge.auxiliary["judge"].generate(asked, [judge.judge.sampling(m[-1]["content"]) for m in asked])
+    replies = judge.auxiliary["judge"].generate(asked, [judge_sampling(judge.judge, m[-1]["content"]) for m in asked])
     for e, (reply,) in zip(experiences, replies):
         answer = e.info["judge_answer"]
         assert reply.text == answer  # the judge model said it (asked again here): nothing made up on the way
         assert e.reward == pytest.approx(parse_score(answer, judge.judge).value) and e.reward == \
             pytest.approx(e.metrics["judge/score"] / 10)
 
-    assert worker.role.c_failed_samples.labels("judge")._value.get() == failed + 4
+    assert worker.role.metrics.failed_samples.labels("judge")._value.get() == failed + 4
     metrics = read_all(config, clients.bootstrap, "metrics", clients.serde, Metric)
     assert sum(m.value for m in metrics if m.name == "judge/failed_samples") == failed + 4
     clients.close()
@@ -211,7 +211,7 @@ def test_a_teacher_with_another_tokenizer_stops_the_worker_at_start(run_config, 
 def vllm_judge(judge_dir):
     """The tiny judge on vLLM's engine (the CPU build here), built as a worker builds an auxiliary model."""
     from streamrft.config.auxiliary import AuxiliaryModelConfig
-    from streamrft.consumers.auxiliary import build_auxiliary_engine
+    from streamrft.consumers.rollout.auxiliary import build_auxiliary_engine
 
     settings = AuxiliaryModelConfig(engine="vllm", model=str(judge_dir), dtype="float32", max_batch_size=64,
                                     vllm={"kv_cache_gib": 1, "enforce_eager": True, "max_model_len": 512})
@@ -276,6 +276,6 @@ def test_a_judge_reached_by_url_scores_through_streamrfts_own_server(run_config,
     payload = json.loads(task.payload)
     for e in experiences:
         messages = JudgeReward(judge, payload).messages(e.prompt_text, e.response_text, payload)
-        (reply,) = judge.auxiliary["judge"].generate([messages], judge.judge.sampling(messages[-1]["content"]))[0]
+        (reply,) = judge.auxiliary["judge"].generate([messages], judge_sampling(judge.judge, messages[-1]["content"]))[0]
         assert e.info["judge_answer"] == reply.text and e.reward == parse_score(reply.text, judge.judge).value
     clients.close()

@@ -181,7 +181,7 @@ def test_no_bad_record_stops_a_role_and_each_is_dead_lettered_once(run_config, t
 def test_the_bench_skips_bad_results_and_dead_letters_each_once(run_config, tmp_path: Path):
     """`streamrft bench` reads `results` of its namespace: the five kinds of bad record there go to its DLQ
     once each, with a reason, and the result it waits for still arrives."""
-    from streamrft.consumers.bench import Bench
+    from streamrft.consumers.bench import Bench, Evaluation
     from streamrft.lifecycle import StopSignal
 
     eval_file = tmp_path / "eval.jsonl"
@@ -197,7 +197,10 @@ def test_the_bench_skips_bad_results_and_dead_letters_each_once(run_config, tmp_
                                                                 status=RolloutStatus.OK, n=1, model_version=0,
                                                                 duration_ms=1), partition=0)
         producer.flush()
-        assert list(bench._collect({"wanted"})) == ["wanted"]
+        evaluation = Evaluation(0, {"wanted": (config.explorer.eval_tasksets[0], None)}, time.monotonic() + 60)
+        while not evaluation.done:
+            bench.collect(evaluation)
+        assert list(evaluation.results) == ["wanted"]
     finally:
         bench.close()
     letters = _letters(clients, config, "results")

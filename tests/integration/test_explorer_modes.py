@@ -187,7 +187,7 @@ def test_explore_mode_runs_without_a_trainer_in_every_sync_style(run_config, sty
     max_buffered_batches)."""
     config = run_config(
         sync={"style": style, "max_staleness": 0, "max_buffered_batches": 1},
-        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "max_steps": 4, "metrics_port": None},
+        mode="explore", explorer={"batch_size": 2, "repeat_times": 2, "max_steps": 4, "metrics_port": None},
         rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
     clients, state = _run(config, make_arithmetic_tasks(8, seed=11), timeout=60)
     assert state.done and state.next_step == 4
@@ -210,7 +210,8 @@ def test_eval_rounds_run_beside_training_and_eval_on_start_evaluates_the_base_mo
     from streamrft.validation import ExplorerState
 
     config = run_config(
-        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "max_steps": 4, "eval_interval": 2,
+        mode="explore",
+        explorer={"batch_size": 2, "repeat_times": 2, "max_steps": 4, "eval_interval": 2,
                   "eval_on_start": True, "metrics_port": None,
                   "eval_tasksets": [{"name": "mini", "path": _eval_file(tmp_path, 4), "repeat_times": 4}]},
         rollout={"engine": "fake", "fake_latency_s": 0.05, "metrics_port": None})
@@ -235,7 +236,8 @@ def test_a_restarted_explorer_collects_the_steps_it_left_in_flight(run_config):
     """max_inflight_steps 3: the explorer stops with several steps in flight; a new one collects their results
     from where they begin on ``results`` and finishes every step once, rolling out no task twice."""
     config = run_config(
-        explorer={"mode": "explore", "batch_size": 2, "repeat_times": 2, "max_steps": 6,
+        mode="explore",
+        explorer={"batch_size": 2, "repeat_times": 2, "max_steps": 6,
                   "max_inflight_steps": 3, "metrics_port": None},
         rollout={"engine": "fake", "fake_latency_s": 0.15, "requests_in_flight": 1, "metrics_port": None})
     clients = KafkaClients(config, config.kafka.bootstrap_servers)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrft.consumers.checkpoints import Checkpoints
+from streamrft.consumers.trainer.checkpoints import Checkpoints
 from streamrft.consumers.explorer import Explorer
 from streamrft.consumers.rollout import RolloutWorker
 from streamrft.consumers.trainer import Trainer

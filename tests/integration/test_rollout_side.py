@@ -125,7 +125,7 @@ def test_explorer_waits_at_max_staleness_until_weights_are_published(run_config,
     new_weights = {name: tensor + 0.01 for name, tensor in worker.role.engine.state_dict().items()}
     published = ObjectStore(config.weights_url).publish(new_weights.items(), version=1)
     producer = clients.producer()
-    producer.produce(config.topic("sync"), SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=1, trainer_step=1,
+    producer.produce(config.topic("sync"), SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=1,
                                                       method=SyncMethod.OBJECT_STORE, uri=published.uri,
                                                       sha256=published.sha256, nbytes=published.nbytes))
     producer.flush()

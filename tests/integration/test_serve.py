@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from streamrft.consumers.serve import ServeRole
+from streamrft.consumers.serve.role import ServeRole
 from streamrft.commands.serve import http_server
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
@@ -218,7 +218,7 @@ def test_conversation_grouping_writes_a_conversations_rewarded_turns_as_one_grou
         assert [(e.eid, e.reward, e.run_index, e.group_size) for e in experiences] == [
             (f"{turns[0].id}/0", 0.0, 0, 3), (f"{turns[1].id}/0", 0.5, 1, 3), (f"{turns[2].id}/0", 1.0, 2, 3)]
         assert len({e.group_id for e in experiences}) == 1 and "conv-7" in experiences[0].group_id
-        assert len(role.conversations) == 1  # conv-8's turn, still open
+        assert len(role.feedback_desk.conversations) == 1  # conv-8's turn, still open
         assert feedback(base, response_id=turns[0].id, reward=1.0).status_code == 409  # never twice
 
 

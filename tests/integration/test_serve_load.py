@@ -147,7 +147,7 @@ def test_a_weight_swap_under_load_fails_nothing_and_each_choice_names_its_versio
             time.sleep(0.3)
             producer = clients.producer()
             producer.produce(config.topic("sync"), SyncSignal(
-                kind=SyncKind.WEIGHTS_PUBLISHED, version=1, trainer_step=1, method=SyncMethod.OBJECT_STORE,
+                kind=SyncKind.WEIGHTS_PUBLISHED, version=1, method=SyncMethod.OBJECT_STORE,
                 uri=published.uri, sha256=published.sha256, nbytes=published.nbytes))
             producer.flush()
 

@@ -1,6 +1,6 @@
 """Supervised and preference data on the real broker with the tiny model: ``streamrft data produce`` (records,
 masks, reference logprobs, rejects), the trainer's mix of SFT and DPO rows into RL batches (a second reader, its
-shares, a stream running dry, the RL group's lag), explorer.mode train (where it stops, resume exactly once), and
+shares, a stream running dry, the RL group's lag), mode train (where it stops, resume exactly once), and
 an SFT warm-up that teaches the tiny model a format it did not follow."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from streamrft.commands.data import supervised_items
-from streamrft.consumers.checkpoints import Checkpoints
+from streamrft.consumers.trainer.checkpoints import Checkpoints
 from streamrft.consumers.trainer import Trainer
 from streamrft.engines.models import build_tiny_tokenizer
 from streamrft.kafka import KafkaClients
@@ -26,8 +26,10 @@ from .test_trainer_side import make_group, produce
 pytestmark = [pytest.mark.kafka, pytest.mark.model]
 
 
-def _settings(tiny_model_dir, ckpt: Path, *, trainer: dict | None = None, explorer: dict | None = None) -> dict:
+def _settings(tiny_model_dir, ckpt: Path, *, trainer: dict | None = None, explorer: dict | None = None,
+              mode: str = "both") -> dict:
     return {
+        "mode": mode,
         "model": {"path": str(tiny_model_dir)},
         "explorer": {"batch_size": 2, "repeat_times": 4, "metrics_port": None, **(explorer or {})},
         "rollout": {"sampling": {"max_tokens": 3}, "metrics_port": None},
@@ -198,7 +200,7 @@ def test_train_mode_trains_supervised_rows_alone_resumes_exactly_once_and_stops_
     with what it had read); the second resumes from it, with no total_steps: it trains the rest and stops on its
     own at the topic's end as it found it."""
     ckpt = tmp_path / "ckpt"
-    settings = _settings(tiny_model_dir, ckpt, explorer={"mode": "train"}, trainer={"train_batch_size": 4})
+    settings = _settings(tiny_model_dir, ckpt, mode="train", trainer={"train_batch_size": 4})
     config = run_config(**{**settings, "trainer": {**settings["trainer"], "total_steps": 2}})
     clients = _clients(config)
     sft = produce_data(config, clients, _write_jsonl(tmp_path / "sft.jsonl", sft_rows(10)), "sft", "chat")
@@ -234,7 +236,7 @@ def test_train_mode_trains_supervised_rows_alone_resumes_exactly_once_and_stops_
 def test_train_mode_refuses_to_start_on_an_empty_topic_without_total_steps(run_config, tiny_model_dir, tmp_path):
     from streamrft.errors import ConfigError
 
-    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", explorer={"mode": "train"}))
+    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", mode="train"))
     clients = _clients(config)
     trainer = trainer_thread(config, clients)
     with pytest.raises(ConfigError, match="is empty, and without trainer.total_steps"):
@@ -245,7 +247,7 @@ def test_train_mode_refuses_to_start_on_an_empty_topic_without_total_steps(run_c
 # ------------------------------------------------------------------------------------------------ warm-up
 @pytest.mark.slow
 def test_an_sft_warm_up_with_streamrft_run_teaches_the_tiny_model_a_format(run_config, tiny_model_dir, tmp_path):
-    """`streamrft run` in explorer.mode train: the launcher produces launch.data_files (512 conversations whose
+    """`streamrft run` in mode train: the launcher produces launch.data_files (512 conversations whose
     answers start with 'ANSWER '), starts the trainer and the monitor only, and the trainer stops at the data's
     end. The random tiny model never starts an answer that way; the published weights do on held-out prompts."""
     import subprocess
@@ -262,7 +264,7 @@ def test_an_sft_warm_up_with_streamrft_run_teaches_the_tiny_model_a_format(run_c
     data = _write_jsonl(tmp_path / "warmup.jsonl", rows)
     config = run_config()
     settings = {"name": config.name, "kafka": {"bootstrap_servers": config.kafka.bootstrap_servers},
-                **_settings(tiny_model_dir, tmp_path / "ckpt", explorer={"mode": "train"},
+                **_settings(tiny_model_dir, tmp_path / "ckpt", mode="train",
                             trainer={"train_batch_size": 16, "micro_batch_size": 16, "lr": 5e-3}),
                 "monitor": {"output_dir": str(tmp_path / "run"), "metrics_port": None, "tensorboard": False},
                 "launch": {"data_files": [{"path": str(data), "objective": "sft"}]}}
@@ -303,7 +305,7 @@ def test_supervised_records_that_cannot_be_trained_are_dead_lettered_with_the_re
     from streamrft.kafka.reader import read_to_end
     from streamrft.schemas import pack_i32
 
-    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", explorer={"mode": "train"},
+    config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", mode="train",
                                     trainer={"train_batch_size": 4}))
     clients = _clients(config)
     good = produce_data(config, clients, _write_jsonl(tmp_path / "sft.jsonl", sft_rows(1)), "sft", "chat")

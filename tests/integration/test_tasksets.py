@@ -108,7 +108,8 @@ def test_difficulty_with_skip_solved_spends_fewer_rollouts_on_solved_tasks_step_
     """A scripted engine that can answer half the tasks (the other half it never gets right, as a tiny model
     would not), in explore mode: the first epoch rolls out every task, the later ones only the failed."""
     tasks = write_tasks(tmp_path / "mixed.jsonl", "x", 16)
-    config = run_config(explorer={"mode": "explore", "batch_size": 4, "repeat_times": 2, "total_epochs": 3,
+    config = run_config(mode="explore",
+                        explorer={"batch_size": 4, "repeat_times": 2, "total_epochs": 3,
                                   "metrics_port": None,
                                   "tasksets": [{"name": "mixed", "path": tasks,
                                                 "order": {"kind": "difficulty", "skip_solved": True}}]},

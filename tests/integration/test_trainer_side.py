@@ -18,8 +18,8 @@ import yaml
 from streamrft.config import load_config
 from streamrft.errors import ConfigError
 from streamrft.lifecycle import StopSignal
-from streamrft.consumers.checkpoints import Checkpoints
-from streamrft.consumers.group_buffer import GroupBuffer
+from streamrft.consumers.trainer.checkpoints import Checkpoints
+from streamrft.consumers.trainer.group_buffer import GroupBuffer
 from streamrft.consumers.trainer import (
     ReplayStart,
     Trainer,
@@ -383,7 +383,7 @@ def _assert_same_weights(served: dict[str, torch.Tensor], trainer: Trainer) -> N
 def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(run_config, tiny_model_dir,
                                                                                   tmp_path):
     from streamrft.consumers.rollout import RolloutWorker
-    from streamrft.engines.weights import ObjectStore
+    from streamrft.engines.weights.object_store import ObjectStore
     from streamrft.sync import SyncView
 
     config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt", trainer={"total_steps": 1}))
@@ -419,9 +419,9 @@ def test_object_store_publish_swaps_a_rollout_worker_and_refuses_corrupt_shards(
             else:
                 data = data[: len(data) - 100]
             shard.write_bytes(bytes(data))
-            bad = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
-                             method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
-                             nbytes=published.nbytes, lineage=signal_v1.lineage)
+            bad = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.OBJECT_STORE,
+                             uri=published.uri, sha256=published.sha256, nbytes=published.nbytes,
+                             lineage=signal_v1.lineage)
             assert load(bad) is False, damage
             assert [r.reason for r in worker.weights.take_refusals()] == ["integrity"], damage
             assert worker.engine.version == 1

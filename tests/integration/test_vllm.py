@@ -85,7 +85,7 @@ def test_sampling_the_trainer_cannot_reproduce_is_refused(engine):
 def test_published_weights_swap_in_place_and_greedy_equals_the_transformers_engine(engine, other_weights,
                                                                                     tmp_path):
     """The trainer's path: publish to the object store, load the verified version into both engines."""
-    from streamrft.engines.weights import ObjectStore, load_weights
+    from streamrft.engines.weights.object_store import ObjectStore, load_weights
 
     path, weights = other_weights
     store = ObjectStore(tmp_path.as_uri(), lineage="a1b2c3d4e5f6a7b8")

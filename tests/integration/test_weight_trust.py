@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrft.consumers.checkpoints import Checkpoints
+from streamrft.consumers.trainer.checkpoints import Checkpoints
 from streamrft.consumers.rollout import RolloutWorker
 from streamrft.kafka.reader import read_to_end
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
@@ -36,9 +36,9 @@ def forged(real: SyncSignal, store_url: str) -> dict[str, SyncSignal]:
     last are refused where they are read (the view never takes them as the newest weights); the last points
     where the real v-N lives but with another sha256, so only loading can tell it is wrong."""
     def like(**changes) -> SyncSignal:
-        fields = {"kind": SyncKind.WEIGHTS_PUBLISHED, "version": real.version + 1, "trainer_step": real.version + 1,
-                  "method": SyncMethod.OBJECT_STORE, "uri": real.uri, "sha256": real.sha256, "nbytes": real.nbytes,
-                  "source": "trainer", "lineage": real.lineage}
+        fields = {"kind": SyncKind.WEIGHTS_PUBLISHED, "version": real.version + 1, "method": SyncMethod.OBJECT_STORE,
+                  "uri": real.uri, "sha256": real.sha256, "nbytes": real.nbytes, "source": "trainer",
+                  "lineage": real.lineage}
         return SyncSignal(**{**fields, **changes})
 
     return {
@@ -46,7 +46,7 @@ def forged(real: SyncSignal, store_url: str) -> dict[str, SyncSignal]:
         "dotdot": like(uri=f"{store_url}/../../etc/manifest.json"),
         "missing-sha256": like(sha256=""),
         "version-mismatch": like(),  # the real v-N manifest announced as v-N+1
-        "huge-version": like(version=10**12, trainer_step=10**12),
+        "huge-version": like(version=10**12),
         "wrong-sha256": like(version=real.version, sha256="0" * 64),
     }
 

@@ -70,7 +70,7 @@ def test_an_auxiliary_api_key_is_a_secret_set_by_environment_and_never_echoed():
 
 @pytest.mark.model
 def test_the_worker_builds_each_auxiliary_model_and_names_the_key_of_a_bad_path(tiny_model_dir, tmp_path):
-    from streamrft.consumers.auxiliary import build_auxiliary
+    from streamrft.consumers.rollout.auxiliary import build_auxiliary
     from streamrft.engines.inference import create_engine
 
     policy = create_engine("fake", tiny_model_dir)

@@ -29,8 +29,8 @@ def version_weights(version: int, mb: int = 4) -> dict[str, torch.Tensor]:
 def receive(address: str, session: str, member: str, out: str, die_in: int, stop, timeout_s: float) -> None:
     """Child process: a CollectiveReceiver; saves every version it is handed; with ``die_in`` it SIGKILLs itself
     after the first bucket of that version."""
-    from streamrft.consumers.weight_sync import CollectiveReceiver
     from streamrft.engines.weights import collective
+    from streamrft.weights.receiver import CollectiveReceiver
 
     if die_in:
         whole = collective.ReceivedWeights.__iter__

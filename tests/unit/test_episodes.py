@@ -23,7 +23,7 @@ from streamrft.engines.workflows import (
     unregister_environment,
 )
 from streamrft.engines.workflows.calculator import Calculator, evaluate
-from streamrft.engines.workflows.limits import WorkLimits
+from streamrft.engines.settings.limits import WorkLimits
 from streamrft.engines.workflows.rewards import Reward
 from streamrft.engines.workflows.tools import ToolError
 from streamrft.schemas import Task, unpack_f32

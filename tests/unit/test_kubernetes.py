@@ -161,7 +161,7 @@ def test_configs_that_cannot_work_on_a_cluster_are_refused_with_what_to_change(c
 
 
 def test_train_mode_deploys_the_trainer_alone(config):
-    train = config.model_copy(update={"explorer": config.explorer.model_copy(update={"mode": "train"})})
+    train = config.model_copy(update={"mode": "train"})
     kinds = {(m["kind"], m["metadata"]["name"]) for m in render(train, (K8S / "run.yaml").read_text())}
     assert ("Job", "demo-trainer") in kinds and ("Deployment", "demo-monitor") in kinds
     assert not {name for kind, name in kinds if name in ("demo-explorer", "demo-rollout")}  # no crash-looping roles
@@ -169,7 +169,7 @@ def test_train_mode_deploys_the_trainer_alone(config):
 
 
 def test_explore_mode_deploys_no_trainer(config):
-    explore = config.model_copy(update={"explorer": config.explorer.model_copy(update={"mode": "explore"})})
+    explore = config.model_copy(update={"mode": "explore"})
     kinds = {(m["kind"], m["metadata"]["name"]) for m in render(explore, (K8S / "run.yaml").read_text())}
     assert ("Job", "demo-trainer") not in kinds and ("Deployment", "demo-explorer") in kinds
 

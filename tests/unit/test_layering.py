@@ -3,6 +3,12 @@ the source files are read with ast (nothing is imported) into a graph of our mod
 chain of imports that breaks it.
 
 - ``schemas/`` imports nothing of ours outside itself;
+- the torch-free core: ``streamrft.kafka``, ``streamrft.config``, ``streamrft.broker``, ``schemas/``,
+  ``producers/`` and the engines' settings and algorithm registries load no torch (nor transformers or vLLM) and
+  no training or inference engine, so a Kafka helper, a config check or a ``--help`` never pays for them (checked
+  here on the sources, and once more on a real interpreter's ``sys.modules``);
+- no import circles: no module reaches itself through the imports of others (``TYPE_CHECKING`` imports count
+  here: a circle of types is a circle of design);
 - ``engines/`` imports no Kafka (``confluent_kafka``, ``streamrft.kafka``, ``streamrft.broker``), no config, no
   roles, no producers;
 - only ``streamrft/kafka/`` and ``streamrft/broker/`` import ``confluent_kafka`` (``bench/`` included: a
@@ -19,6 +25,9 @@ first). Imports under ``if TYPE_CHECKING:`` do not run and do not count.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
+import tomllib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,10 +35,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-# top-level folder -> the package it is installed as (setup.py); bench/ scripts are modules of their own
-FOLDERS = {"streamrft": "streamrft", "schemas": "streamrft.schemas", "producers": "streamrft.producers",
-           "consumers": "streamrft.consumers", "engines": "streamrft.engines", "bench": "bench"}
+# top-level folder -> the package it is installed as (pyproject.toml's one map); bench/ scripts are modules of
+# their own
+PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["streamrft"]["package-folders"]
+FOLDERS = {folder: package for package, folder in PACKAGES.items()} | {"bench": "bench"}
 KAFKA = ("confluent_kafka", "streamrft.kafka", "streamrft.broker")
+TORCH_FREE = ("streamrft.kafka", "streamrft.config", "streamrft.broker", "streamrft.schemas", "streamrft.producers",
+              "streamrft.validation", "streamrft.engines.settings", "streamrft.engines.algorithms.catalog",
+              "streamrft.engines.weights.locations", "streamrft.engines.weights.signal_state")
+HEAVY = ("torch", "transformers", "vllm", "streamrft.engines.training", "streamrft.engines.inference")
 ENTRY_POINTS = ("streamrft.cli", "streamrft.commands", "streamrft.launch")
 
 
@@ -42,6 +56,8 @@ class Import:
     line: int
     target: str
     relative: bool
+    typing_only: bool = False  # under ``if TYPE_CHECKING:``: never runs, but still ties the two modules
+    of_submodule: bool = False  # ``from package import module``: the package line of a submodule's import
 
 
 @dataclass
@@ -81,31 +97,34 @@ class ImportGraph:
     def _imports_of(self, name: str, path: Path) -> list[Import]:
         package = name if name in self.packages else name.rpartition(".")[0]
         tree = ast.parse(path.read_text(), str(path))
-        skipped = {id(n) for node in ast.walk(tree) if _is_type_checking_block(node)
-                   for child in node.body for n in ast.walk(child)}
+        typing = {id(n) for node in ast.walk(tree) if _is_type_checking_block(node)
+                  for child in node.body for n in ast.walk(child)}
         out: list[Import] = []
         for node in ast.walk(tree):
-            if id(node) in skipped:
-                continue
+            typing_only = id(node) in typing
             if isinstance(node, ast.Import):
-                out += [Import(node.lineno, alias.name, False) for alias in node.names]
+                out += [Import(node.lineno, alias.name, False, typing_only) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
                     parts = package.split(".")
                     base = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
-                out.append(Import(node.lineno, base, bool(node.level)))
                 # `from streamrft import kafka`: the submodule is what is imported
-                out += [Import(node.lineno, f"{base}.{alias.name}", bool(node.level)) for alias in node.names
-                        if f"{base}.{alias.name}" in self.files]
+                submodules = [Import(node.lineno, f"{base}.{alias.name}", bool(node.level), typing_only)
+                              for alias in node.names if f"{base}.{alias.name}" in self.files]
+                out.append(Import(node.lineno, base, bool(node.level), typing_only,
+                                  of_submodule=len(submodules) == len(node.names)))
+                out += submodules
             elif isinstance(node, ast.Call) and _is_dynamic_import(node):
-                out.append(Import(node.lineno, node.args[0].value, False))
+                out.append(Import(node.lineno, node.args[0].value, False, typing_only))
         return out
 
     def edges(self, module: str) -> list[tuple[int, str]]:
         """(line, module) for each module loaded when ``module`` runs: its imports and their parent packages."""
         out = []
         for imp in self.imports.get(module, []):
+            if imp.typing_only:
+                continue
             parts = imp.target.split(".")
             out += [(imp.line, ".".join(parts[:i])) for i in range(1, len(parts) + 1)]
         return out
@@ -126,6 +145,42 @@ class ImportGraph:
                 if target in self.files:
                     queue.append((target, step))
         return None
+
+    def circles(self) -> list[list[str]]:
+        """The import circles among our modules (each a strongly connected set of modules, sorted): a module's
+        imports here are what it names, ``TYPE_CHECKING`` ones included, not the packages above them (loading a
+        package first is Python's doing, not a tie the code made)."""
+        ties = {module: sorted({imp.target for imp in imports if imp.target in self.files and imp.target != module
+                                and not imp.of_submodule})
+                for module, imports in self.imports.items()}
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        found: list[list[str]] = []
+
+        def visit(module: str) -> None:  # Tarjan's strongly connected components
+            index[module] = low[module] = len(index)
+            stack.append(module)
+            for target in ties[module]:
+                if target not in index:
+                    visit(target)
+                    low[module] = min(low[module], low[target])
+                elif target in stack:
+                    low[module] = min(low[module], index[target])
+            if low[module] == index[module]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    component.append(member)
+                    if member == module:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+
+        for module in sorted(ties):
+            if module not in index:
+                visit(module)
+        return sorted(found)
 
     def violations(self, scope, forbidden) -> list[str]:
         """For each of our modules in ``scope`` that reaches a forbidden one: the chain, as text."""
@@ -189,6 +244,29 @@ def test_the_core_imports_no_role():
     assert GRAPH.violations(core, lambda m: is_under(m, "streamrft.consumers")) == []
 
 
+def test_the_core_loads_no_torch():
+    assert GRAPH.violations(lambda m: is_under(m, *TORCH_FREE), lambda m: is_under(m, *HEAVY)) == [], (
+        "move what needs torch out of the torch-free core (settings models: streamrft/engines/settings/), or "
+        "import it where it is used, in an engine or a role")
+
+
+def test_the_core_loads_no_torch_in_a_real_interpreter():
+    """What the sources say, checked once more on what Python loads: every torch-free package, and a run's config
+    with every section set."""
+    modules = [m for m in sorted(GRAPH.files) if is_under(m, *TORCH_FREE)]
+    code = (f"import sys\nfor m in {modules!r}:\n    __import__(m)\n"
+            "from streamrft.config import load_config\n"
+            f"load_config({str(ROOT / 'examples' / 'arithmetic.yaml')!r})\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'vllm')"
+            f" or m.startswith({HEAVY[3:]!r})))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
+
+
+def test_no_import_circles():
+    assert GRAPH.circles() == [], "modules that import each other: give one of them what it needs instead"
+
+
 def test_producers_import_no_consumers():
     assert GRAPH.violations(lambda m: is_under(m, "streamrft.producers"),
                             lambda m: is_under(m, "streamrft.consumers")) == []
@@ -230,6 +308,18 @@ def test_each_trick_is_caught_with_its_chain(tricky_graph: ImportGraph):
         "streamrft.engines.by_package:1 -> streamrft.kafka",
         "streamrft.engines.through_sync:2 -> streamrft.sync:1 -> streamrft.kafka",
     ]  # fine.py: pacing is allowed and its TYPE_CHECKING import never runs
+
+
+def test_circles_are_found_through_type_checking_imports(tmp_path: Path):
+    files = {"__init__.py": "", "a.py": "from .b import B\n",
+             "b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n",
+             "c.py": "from . import a\n"}
+    (tmp_path / "engines").mkdir()
+    for name, text in files.items():
+        (tmp_path / "engines" / name).write_text(text)
+    graph = ImportGraph.of(tmp_path, {"engines": "streamrft.engines"})
+    assert graph.circles() == [["streamrft.engines.a", "streamrft.engines.b"]]
+    assert graph.chain_to("streamrft.engines.b", lambda m: m == "streamrft.engines.a") is None  # never runs
 
 
 def test_relative_imports_resolve_the_way_python_does(tmp_path: Path):

@@ -11,13 +11,13 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from streamrft.config import load_config
-from streamrft.consumers.weight_follower import WeightFollower
 from streamrft.engines.inference import SamplingParams, create_engine
 from streamrft.engines.lora import AdapterMerger, LoraSettings, adapter_module, read_base_weights
 from streamrft.engines.training import TrainingEngine, TrainingSettings
-from streamrft.engines.weights import ObjectStore
 from streamrft.engines.weights.export import export_version
+from streamrft.engines.weights.object_store import ObjectStore
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
+from streamrft.weights.follower import WeightFollower
 from tests.unit.test_training_engine import make_exp, sample, tiny_llama
 
 pytestmark = pytest.mark.model
@@ -44,9 +44,9 @@ def trained_adapter(engine: TrainingEngine, seed: int = 0) -> None:
 def publish(engine: TrainingEngine, store_dir: Path, version: int):
     store = ObjectStore(store_dir.as_uri(), lineage=LINEAGE, keep_last=5)
     published = store.publish(engine.named_weights(), version=version, metadata=engine.publish_metadata())
-    signal = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
-                        method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
-                        nbytes=published.nbytes, source="trainer", lineage=LINEAGE)
+    signal = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.OBJECT_STORE,
+                        uri=published.uri, sha256=published.sha256, nbytes=published.nbytes, source="trainer",
+                        lineage=LINEAGE)
     return published, signal
 
 

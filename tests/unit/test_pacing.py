@@ -129,10 +129,10 @@ def test_descriptions():
 
 
 # -- built from the config -------------------------------------------------------------------------------
-def test_pacing_is_built_from_the_sync_section_and_the_explorer_mode():
+def test_pacing_is_built_from_the_sync_section_and_the_run_shape():
     config = load_config(overrides={"sync": {"style": "fully_async", "interval": 2, "max_staleness": 3,
-                                             "max_buffered_batches": 2},
-                                    "explorer": {"batch_size": 4, "repeat_times": 2, "mode": "explore"}}, env={})
+                                             "max_buffered_batches": 2}, "mode": "explore",
+                                    "explorer": {"batch_size": 4, "repeat_times": 2}}, env={})
     assert Pacing.of(config) == Pacing(SyncStyle.FULLY_ASYNC, interval=2, offset=0, max_staleness=3,
                                        max_buffered_batches=2, experiences_per_step=8, paced=False)
 

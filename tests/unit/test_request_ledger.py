@@ -1,5 +1,5 @@
 """The rollout worker's ledger of done requests: commit points and their metadata (no broker)."""
-from consumers.request_ledger import MAX_DONE_AHEAD, RequestLedger, decode_done, encode_done
+from streamrft.consumers.rollout.ledger import MAX_DONE_AHEAD, RequestLedger, decode_done, encode_done
 
 P = ("rft.x.rollouts", 0)
 

@@ -8,7 +8,7 @@ import time
 from streamrft.engines.inference import create_engine
 from streamrft.engines.inference.base import SamplingParams
 from streamrft.engines.rollout import RolloutCore, RolloutPolicy
-from streamrft.engines.workflows.limits import WorkLimits
+from streamrft.engines.settings.limits import WorkLimits
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutStatus, Task
 
 PARAMS = SamplingParams(max_tokens=2)
@@ -22,7 +22,6 @@ class ScriptedWeights:
         self.published_versions: list[int] = []
         self.loads: list[tuple[int, int]] = []  # (version, requests running when it loaded)
         self.running = core_running
-        self.ensure_calls: list[tuple[int, float]] = []
 
     def publish(self, version: int) -> None:
         self.published_versions.append(version)
@@ -44,10 +43,8 @@ class ScriptedWeights:
         self.engine.load_weights({}, self.published)
         return True
 
-    def ensure(self, minimum: int, timeout_s: float) -> bool:
-        self.ensure_calls.append((minimum, timeout_s))
-        self.swap_to_latest()
-        return self.serves(minimum)
+    def refused(self, minimum: int) -> bool:
+        return False
 
 
 def request(rid: str, *, step: int = 0, repeat: int = 2, min_version: int = 0, deadline_ms: int | None = None,
@@ -154,10 +151,40 @@ def test_a_version_that_never_comes_fails_the_requests_that_need_it_with_the_rea
     core.add("v5", request("v5", min_version=5), PARAMS)
     core.add("v0", request("v0"), PARAMS)
     done = {d.key: d for d in drain(core)}
-    assert weights.ensure_calls == [(5, 0.5)]
     assert done["v5"].status == RolloutStatus.FAILED and done["v5"].reason == "version-wait"
     assert "weights v5 were needed" in done["v5"].error and "limits.max_version_wait_s" in done["v5"].error
     assert done["v0"].status == RolloutStatus.OK  # what the engine can serve goes on
+
+
+def test_a_step_never_waits_for_a_version_and_a_version_published_later_is_admitted():
+    clock = [0.0]
+    engine = create_engine("fake", latency_s=0.0)
+    weights = ScriptedWeights(engine)
+    core = RolloutCore(engine, weights, RolloutPolicy(max_version_wait_s=600), clock=lambda: clock[0])
+    core.add("v1", request("v1", min_version=1), PARAMS)
+    for _ in range(3):
+        started = time.monotonic()
+        assert core.step(-1, timeout=0) == []
+        assert time.monotonic() - started < 0.5  # waiting is a state: the step is back at once
+        assert core.version_wait is not None and core.version_wait.version == 1 and core.waiting == 1
+        clock[0] += 100.0
+    weights.publish(1)
+    done = drain(core)
+    assert [(d.key, d.status, d.version) for d in done] == [("v1", RolloutStatus.OK, 1)]
+    assert core.version_wait is None
+
+
+def test_a_version_wait_fails_after_the_limit_counted_on_the_cores_clock():
+    clock = [1000.0]
+    engine = create_engine("fake", latency_s=0.0)
+    core = RolloutCore(engine, ScriptedWeights(engine), RolloutPolicy(max_version_wait_s=600), clock=lambda: clock[0])
+    core.add("v5", request("v5", min_version=5), PARAMS)
+    assert core.step(-1, timeout=0) == []
+    clock[0] += 599.0
+    assert core.step(-1, timeout=0) == []
+    clock[0] += 1.0
+    (done,) = core.step(-1, timeout=0)
+    assert done.status == RolloutStatus.FAILED and done.reason == "version-wait" and "after 600s" in done.error
 
 
 def test_a_stop_during_a_version_wait_drops_the_backlog_without_an_outcome():
@@ -257,7 +284,7 @@ def test_in_flight_a_request_for_weights_not_published_yet_waits_while_the_runni
     done = []
     while engine.steps < 2:  # "now" is being decoded
         done += core.step(-1)
-    assert core.running == 1 and core.waiting == 1 and weights.ensure_calls == []  # no blocking wait meanwhile
+    assert core.running == 1 and core.waiting == 1 and core.version_wait is None  # no wait while "now" runs
     weights.publish(1)
     done += core.step(-1)
     assert core.running == 2 and weights.loads == [(1, 1)]  # loaded in flight, "next" admitted at once

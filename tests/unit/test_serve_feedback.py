@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamrft.consumers.serve_feedback import FeedbackError, Grouping, PendingExperiences
+from streamrft.consumers.serve.feedback import FeedbackError, Grouping, PendingExperiences
 from streamrft.engines.inference import Completion
 
 
@@ -63,7 +63,7 @@ def test_groupings_name_the_group_its_size_and_the_run_index():
 
 
 def test_conversations_hold_rewarded_responses_until_they_end_and_expire_when_they_never_do():
-    from streamrft.consumers.serve_feedback import Conversations, Pending
+    from streamrft.consumers.serve.feedback import Conversations, Pending
 
     clock = Clock()
     conversations = Conversations(ttl_s=10, clock=clock)

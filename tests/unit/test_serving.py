@@ -1,6 +1,6 @@
 """Serve mode's generation loop without a broker or HTTP (engines/serving.py): many jobs share the engine's
 batch, bounds refuse instead of queueing, swaps wait for a drain, cancelled and late jobs leave the engine,
-and streamed text never takes anything back (consumers/serve_stream.py)."""
+and streamed text never takes anything back (consumers/serve/stream.py)."""
 from __future__ import annotations
 
 import threading
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from streamrft.consumers.serve_stream import TextDeltas
+from streamrft.consumers.serve.stream import TextDeltas
 from streamrft.engines.inference import create_engine
 from streamrft.engines.inference.base import SamplingParams
 from streamrft.engines.serving import Job, JobStopped, Overloaded, ServingLoop, ServingPolicy

@@ -297,8 +297,8 @@ def test_supervised_records_are_checked_where_the_trainer_reads_them():
     ({"trainer": {"mix": {"sft": 1.0}}}, "trainer.mix.sft = 1.0: Input should be less than 1"),
     ({"trainer": {"mix": {"dpo": -0.1}}}, "trainer.mix.dpo = -0.1: Input should be greater than or equal to 0"),
     ({"trainer": {"mix": {"sft": 0.6, "dpo": 0.4}}}, "sft + dpo is 1: the shares of supervised rows must leave room"),
-    ({"trainer": {"mix": {"sft": 0.1}}, "explorer": {"mode": "train"}},
-     "explorer.mode train has no RL rows (its batches are all supervised, in the order produced): remove trainer.mix"),
+    ({"trainer": {"mix": {"sft": 0.1}}, "mode": "train"},
+     "mode train has no RL rows (its batches are all supervised, in the order produced): remove trainer.mix"),
     ({"trainer": {"algorithm": {"dpo_beta": 0}}}, "trainer.algorithm.dpo_beta = 0: Input should be greater than 0"),
 ])
 def test_bad_mix_and_mode_settings_fail_at_load_saying_how_to_fix_them(overrides, message):
@@ -318,6 +318,6 @@ def test_an_explorer_started_in_mode_train_refuses_saying_why(tmp_path, capsys):
     from streamrft.cli import main
 
     path = tmp_path / "run.yaml"
-    path.write_text("explorer: {mode: train}\n")
+    path.write_text("mode: train\n")
     assert main(["explorer", str(path)]) == 2
-    assert "explorer.mode is train: this run has no explorer" in capsys.readouterr().err
+    assert "mode is train: this run has no explorer" in capsys.readouterr().err

@@ -123,7 +123,7 @@ def test_sync_signals_are_checked_against_the_run_transport():
     check_sync(SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.OBJECT_STORE),
                weights_method="object_store")
     ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri="tcp://h:1",
-                       state=json.dumps({"session": "ab12", "receivers": 2}))
+                       state=json.dumps({"session": "ab12", "receivers": 2, "backend": "gloo"}))
     check_sync(ready, weights_method="collective")
     assert reason_of(check_sync, ready, weights_method="object_store") == "wrong-transport"
     collective = SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=3, method=SyncMethod.COLLECTIVE)

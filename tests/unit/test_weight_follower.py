@@ -13,11 +13,11 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from streamrft.config import load_config
-from streamrft.consumers.weight_follower import WeightFollower, supersedes
 from streamrft.engines.inference import create_engine
-from streamrft.engines.weights import ObjectStore
-from streamrft.lifecycle import StopSignal
+from streamrft.engines.weights.object_store import ObjectStore
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
+from streamrft.sync import supersedes
+from streamrft.weights.follower import WeightFollower
 
 LOST, RESUMED = "20250101T000000-aaaa", "20250101T010000-bbbb"
 
@@ -82,14 +82,14 @@ def make_follower(store_dir: Path, method: str = "object_store", engine=None, **
 def publish(store_dir: Path, version: int, lineage: str = LOST, tensors=None) -> SyncSignal:
     published = ObjectStore(store_dir.as_uri(), lineage=lineage, keep_last=10).publish(
         (tensors or weights(version)).items(), version=version)
-    return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, trainer_step=version,
-                      method=SyncMethod.OBJECT_STORE, uri=published.uri, sha256=published.sha256,
-                      nbytes=published.nbytes, source="trainer", lineage=lineage)
+    return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.OBJECT_STORE,
+                      uri=published.uri, sha256=published.sha256, nbytes=published.nbytes, source="trainer",
+                      lineage=lineage)
 
 
 def signal_like(signal: SyncSignal, **changes) -> SyncSignal:
-    fields = {k: getattr(signal, k) for k in ("kind", "version", "trainer_step", "method", "uri", "sha256",
-                                              "nbytes", "source", "lineage")}
+    fields = {k: getattr(signal, k) for k in ("kind", "version", "method", "uri", "sha256", "nbytes", "source",
+                                              "lineage")}
     return SyncSignal(**(fields | changes))
 
 
@@ -137,7 +137,7 @@ def test_a_resumed_trainer_is_followed_to_a_lower_version(store_dir: Path):
     assert follower.swap_to_latest(view)
     assert_serves(engine, weights(2), 2)
     assert follower.loaded.lineage == RESUMED
-    assert follower.ensure_version(2, view, StopSignal(signals=()), timeout_s=1)
+    assert follower.serves(2, view)
 
 
 def _escaping_shard(store_dir: Path, good: SyncSignal) -> SyncSignal:
@@ -254,7 +254,7 @@ def test_an_engine_that_raises_while_loading_is_a_refusal(store_dir: Path, error
 
 def test_manifest_errors_of_any_type_are_refusals(store_dir: Path, monkeypatch):
     """ImportError (an fsspec backend missing), AttributeError, ...: whatever reading raises, never a crash."""
-    import streamrft.consumers.weight_follower as module
+    import streamrft.weights.follower as module
 
     follower, engine, _ = make_follower(store_dir)
     view = View()
@@ -306,34 +306,18 @@ def test_retries_are_bounded_and_then_final(store_dir: Path):
     assert not follower.swap_to_latest(view) and engine.version == 0
 
 
-# ----------------------------------------------------------------------------- waiting for a version
-def test_ensure_version_waits_for_the_version_to_be_published(store_dir: Path):
+# ----------------------------------------------------------------------------- a version a request needs
+def test_a_version_needed_is_served_once_loaded_and_one_refused_is_said_so(store_dir: Path):
     follower, engine, _ = make_follower(store_dir)
-    view = View(publish(store_dir, 1), publish(store_dir, 2))
-    assert follower.ensure_version(2, view, StopSignal(signals=()), timeout_s=60)
-    assert engine.version == 2 and view.polls == 2
-
-
-def test_ensure_version_gives_up_on_a_refused_version_on_timeout_and_on_stop(store_dir: Path):
-    clock = Clock()
-    follower, engine, _ = make_follower(store_dir, clock=clock)
-    refused = View().apply(signal_like(publish(store_dir, 1), sha256=""))
-    assert not follower.ensure_version(1, refused, StopSignal(signals=()), timeout_s=60)
-    assert refused.polls == 0  # no waiting for what was refused
-
-    class Ticking(View):
-        def poll(self, timeout: float = 0.0):
-            clock.now += timeout
-            return super().poll(timeout)
-
-    nothing = Ticking()
-    assert not follower.ensure_version(5, nothing, StopSignal(signals=()), timeout_s=3)
-    assert nothing.polls == 6
-    stop = StopSignal(signals=())
-    stop.request()
-    assert not follower.ensure_version(5, Ticking(), stop, timeout_s=60)
-    assert follower.ensure_version(0, nothing, stop, timeout_s=0)  # the built-in weights do for 0
-    assert engine.version == 0
+    view = View().apply(publish(store_dir, 1))
+    assert not follower.serves(1, view) and follower.newer_due(view) and not follower.refused(1, view)
+    assert follower.swap_to_latest(view) and follower.serves(1, view) and engine.version == 1
+    assert follower.serves(0, View())  # the built-in weights do for 0
+    refused = View().apply(signal_like(publish(store_dir, 2), sha256=""))
+    assert not follower.swap_to_latest(refused) and not follower.newer_due(refused)
+    assert follower.refused(2, refused)  # a request that needs v2 waits in vain
+    assert not follower.refused(3, refused)  # v3 may still come
+    assert refused.polls == 0 and engine.version == 1
 
 
 # ----------------------------------------------------------------------------- collective

@@ -11,20 +11,15 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
 
-from streamrft.engines.weights import (
+from streamrft.engines.weights import ManifestIntegrityError, ManifestMismatchError, ShardIntegrityError
+from streamrft.engines.weights.collective import (
     CollectiveGroup,
-    ManifestIntegrityError,
-    ManifestMismatchError,
-    ObjectStore,
-    ShardIntegrityError,
     backend_for,
     broadcast_weights,
     free_port,
-    iter_weights,
-    load_weights,
-    read_manifest,
     receive_weights,
 )
+from streamrft.engines.weights.object_store import ObjectStore, iter_weights, load_weights, read_manifest
 
 
 def sample_tensors(seed: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -330,9 +325,10 @@ def test_rendezvous_stores_listen_on_the_configured_host_only():
 @pytest.mark.timeout(60)
 def test_publishers_put_a_fresh_lineage_in_every_signal(tmp_path: Path):
     from streamrft.config import load_config
-    from streamrft.consumers.weight_sync import CollectivePublisher, ObjectStorePublisher, check_announcement
     from streamrft.engines.weights import check_lineage
     from streamrft.schemas import SyncKind
+    from streamrft.weights.publishers import CollectivePublisher, ObjectStorePublisher
+    from streamrft.weights.receiver import check_announcement
 
     class Engine:
         def named_weights(self):
@@ -354,7 +350,7 @@ def test_publishers_put_a_fresh_lineage_in_every_signal(tmp_path: Path):
         ready = collective.announcement()
         assert ready.kind == SyncKind.NCCL_READY and ready.lineage == collective.lineage != first.lineage
         state = check_announcement(ready, "127.0.0.1")
-        assert state["session"] == collective.session and state["backend"] == "gloo"
+        assert state.session == collective.session and state.backend == "gloo"
         membership_port = int(ready.uri.rpartition(":")[2])
         assert _listening_addresses(membership_port) == {"0100007F"}
         with pytest.raises(ValueError, match="collective_host"):

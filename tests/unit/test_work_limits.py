@@ -8,7 +8,7 @@ from streamrft.engines.inference import create_engine
 from streamrft.engines.inference.base import SamplingParams
 from streamrft.engines.workflows.base import WorkflowError
 from streamrft.engines.workflows.scheduler import run_workflows
-from streamrft.engines.workflows.limits import WorkLimits
+from streamrft.engines.settings.limits import WorkLimits
 from streamrft.schemas import Task
 
 

@@ -8,7 +8,7 @@ commit; docs/architecture.md, "Roles"):
 
 1. poll ``sync`` and ``control`` (every role that follows the trainer's and the explorer's signals);
 2. ``role.handle(unit)``: poll the role's own topics and handle what came, staging what it produces, the offsets
-   it consumed and its after-commit bookkeeping on the :class:`~streamrft.consumers.unit_of_work.UnitOfWork`;
+   it consumed and its after-commit bookkeeping on the :class:`~streamrft.runtime.unit_of_work.UnitOfWork`;
 3. ``unit.commit()``: all of it durable as one (one Kafka transaction for a transactional role, with the one
    abort policy of ``streamrft.kafka.transaction``).
 
@@ -31,8 +31,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from streamrft.config import RunConfig
 from streamrft.config.topics import KINDS_BY_NAME
-from streamrft.kafka import KafkaClients, MembershipLost, RecordConsumer, RecordProducer, Transactor
-from streamrft.kafka.consumer import CommitPoints
+from streamrft.kafka import KafkaClients, MembershipLost, RecordConsumer, Transactor
 from streamrft.lifecycle import StopSignal
 from streamrft.sync import SyncView
 from streamrft.validation import TOPIC_CHECKS
@@ -114,14 +113,11 @@ class RoleRuntime:
         """Commit ``consumer``'s offsets inside every transaction (consume -> produce -> commit)."""
         self._transactor.consumer = consumer
 
-    @property
-    def transactional(self) -> bool:
-        return self._transactor is not None
-
     def unit_of_work(self, *, state: Callable[[], list[tuple[str, Any]]] | None = None,
                      sinks: tuple[Callable[[], None], ...] = (), consumer: RecordConsumer | None = None) -> UnitOfWork:
-        """A unit of this role's work (see :mod:`streamrft.consumers.unit_of_work` for the arguments)."""
-        return UnitOfWork(self, state=state, sinks=sinks, consumer=consumer)
+        """A unit of this role's work (see :mod:`streamrft.runtime.unit_of_work` for the arguments)."""
+        return UnitOfWork(self.source, self.producer, self.metrics, self._transactor, state=state, sinks=sinks,
+                          consumer=consumer)
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self, role: Role, unit: UnitOfWork | None = None, *, follows_signals: bool = True) -> None:
@@ -147,14 +143,6 @@ class RoleRuntime:
                 rejoin(unit)
         role.finish(unit)
         unit.commit()
-
-    def transaction(self, produce: Callable[[RecordProducer], None], what: str,
-                    offsets: CommitPoints | None = None) -> None:
-        """Run ``produce`` in one transaction with the bound consumer's offsets (or ``offsets``, with their
-        metadata, when the role commits less than it read); raises if it cannot commit."""
-        if self._transactor is None:
-            raise RuntimeError(f"{self.source}: transaction for {what} on a role without a transactional.id")
-        self._transactor.run(produce, what, offsets)
 
     def serve(self, port: int | None) -> None:
         """Expose the registry once the role has declared its metrics."""

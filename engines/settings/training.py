@@ -6,8 +6,9 @@ The knobs come in the two groups a run's YAML nests them in: :class:`OptimizerSe
 bounds and checks are the same on both sides. :class:`TrainingSettings`, what the engine takes, is both groups
 plus ``temperature``, which a run derives from its rollout sampling. Nothing here imports the config layer.
 
-Algorithm names are checked here, once, against the registries in :mod:`streamrft.engines.algorithms`, which
-include plugins installed by entry point.
+Algorithm names are checked here, once, against the registries of :mod:`streamrft.engines.algorithms.catalog`
+(plugins installed by entry point included) without importing their functions: nothing here loads torch, except
+``advantage_params``, which are checked against the named function's signature and so import its module.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ..algorithms import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, PREFERENCE_LOSSES, Registry
+from ..algorithms.catalog import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, PREFERENCE_LOSSES
+from ..algorithms.registry import Registry
 
 # Arguments every advantage function receives from the engine; ``advantage_params`` supplies the others.
 ADVANTAGE_INPUTS = ("rewards", "mask", "group_ids", "token_rewards")

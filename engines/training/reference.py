@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from streamrft.engines.models import MODEL_LOAD_LOCK
-from streamrft.engines.training.batch import collate
-from streamrft.engines.training.logprobs import response_logprobs
+from ..models import MODEL_LOAD_LOCK
+from .batch import collate
+from .logprobs import response_logprobs
 from streamrft.schemas import Experience
 
 

@@ -1,12 +1,12 @@
 """Which groups the trainer's next step trains, and when no more will come (steps 3 and the end of the trainer's
-loop, ``trainer.py``).
+loop, ``role.py``). The run's shape (``streamrft/run_shape.py``) says which of two rules applies.
 
-RL (``explorer.mode`` both / train with an explorer): a batch is ``groups_per_train_step`` complete groups,
-oldest ``step`` first; a short batch once the explorer has finished every step in the buffer and everything it
-wrote is read (failed or cancelled tasks leave a step with fewer groups; waiting for them would deadlock ``fixed``
-pacing). The stream is over once the explorer is done and everything it wrote is read.
+RL (with an explorer; ``trainer.mix`` adds its supervised rows to the batch afterwards): a batch is
+``groups_per_train_step`` complete groups, oldest ``step`` first; a short batch once the explorer has finished
+every step in the buffer and everything it wrote is read (failed or cancelled tasks leave a step with fewer
+groups; waiting for them would deadlock ``fixed`` pacing). The stream is over once the explorer is done and everything it wrote is read.
 
-Supervised alone (``explorer.mode: train``, no explorer): a batch is whole groups in the order read until it holds
+Supervised alone (``mode: train``, no explorer): a batch is whole groups in the order read until it holds
 ``train_batch_size`` rows (a DPO pair is a group of two); a short one at the data's end, which is where the topic
 ended when the trainer started (none with ``trainer.total_steps``: then it trains data produced while it runs).
 """
@@ -36,7 +36,7 @@ class BatchPicker:
 
     def __init__(self, config: RunConfig, buffer: GroupBuffer, consumer: RecordConsumer, clients: KafkaClients,
                  sync: SyncView):
-        self.supervised_alone = config.explorer.mode == "train"
+        self.supervised_alone = config.shape.trainer_reads_supervised_only
         self.rows_per_step = config.train_batch_size
         self.groups_per_step = config.groups_per_train_step
         self.total_steps = config.trainer.total_steps
@@ -49,13 +49,13 @@ class BatchPicker:
         self._end_watch: _EndWatch | None = None
 
     def start(self) -> None:
-        """Once the reader is assigned: in explorer.mode train without total_steps, the data to train is what
-        the topic holds now."""
+        """Once the reader is assigned: supervised alone without total_steps, the data to train is what the topic
+        holds now."""
         if not self.supervised_alone or self.total_steps is not None:
             return
         ends = self.clients.offsets(self.topic, "end")
         if not any(ends.values()):
-            raise ConfigError(f"explorer.mode train: {self.topic} is empty, and without trainer.total_steps the "
+            raise ConfigError(f"mode train: {self.topic} is empty, and without trainer.total_steps the "
                               "trainer trains what the topic holds when it starts; produce the data first "
                               "(streamrft data produce FILE --as sft|dpo) or set trainer.total_steps")
         self._data_end = ends
@@ -84,8 +84,8 @@ class BatchPicker:
         return len(groups) < self.groups_per_step
 
     def everything_read(self) -> bool:
-        """No more records will come: the explorer is done and all it wrote is read, or (explorer.mode train)
-        the data is read to its end."""
+        """No more records will come: the explorer is done and all it wrote is read, or (supervised alone) the
+        data is read to its end."""
         if self.supervised_alone:
             return self._read_to_data_end()
         return self.sync.explorer.done and self._read_everything_written()

@@ -10,8 +10,8 @@ from streamrft.config.auxiliary import AuxiliaryModelConfig
 from streamrft.engines.inference import EngineError, InferenceEngine, create_engine
 from streamrft.engines.workflows.teacher import check_same_tokenizer
 from streamrft.errors import ConfigError
+from streamrft.model_paths import resolve_model_path
 
-from .model_paths import resolve_model_path
 
 logger = logging.getLogger(__name__)
 

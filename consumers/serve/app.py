@@ -3,7 +3,7 @@
 ``/v1/chat/completions`` and ``/v1/completions`` (``stream`` or not, ``n`` choices, ``logprobs``), ``/v1/models``,
 ``/health``, ``/metrics`` (Prometheus) and ``POST /feedback``. Requests are jobs of the role's serving loop, so
 concurrent clients share the engine's batch. A streamed response sends each choice's text as the engine
-produces its tokens (``serve_stream.TextDeltas``), with ``usage`` in a last chunk when the client asks
+produces its tokens (``stream.TextDeltas``), with ``usage`` in a last chunk when the client asks
 (``stream_options.include_usage``); a client that disconnects stops its request in the engine.
 ``system_fingerprint`` is the weights version (``v3``) that generated the choices.
 
@@ -25,69 +25,13 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
-
 from streamrft.engines.inference import Completion
 from streamrft.engines.serving import JobStopped, Overloaded
 
-from .serve import ServeRole
-from .serve_feedback import FeedbackError
-from .serve_stream import TextDeltas
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields this server does not use
-
-    model: str = ""
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1)
-    # serve.grouping conversation: which conversation the request belongs to (the openai client sends it with
-    # extra_body={"conversation_id": ...})
-    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
-    @property
-    def include_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.include_usage
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    role: str
-    content: str
-
-
-class ChatRequest(_Request):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool = False
-
-
-class CompletionRequest(_Request):
-    prompt: str | list[int]
-    logprobs: int | None = Field(default=None, ge=0)
-
-
-class Feedback(BaseModel):
-    response_id: str = Field(min_length=1)
-    choice: int = Field(default=0, ge=0)
-    reward: float
-    group_id: str | None = None
-    group_size: int | None = Field(default=None, ge=1)
-    end_conversation: bool = False  # serve.grouping conversation: write the conversation's responses now
+from .api_models import BaseRequest, ChatRequest, CompletionRequest, Feedback
+from .feedback import FeedbackError
+from .role import ServeRole
+from .stream import TextDeltas
 
 
 def _finish(completion: Completion) -> str:
@@ -235,7 +179,7 @@ class _Completions:
         self.role = role
         self.decode = role.engine.decode
 
-    async def respond(self, request: _Request, prompt_ids: list[int], max_tokens: int | None, dialect: Dialect):
+    async def respond(self, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None, dialect: Dialect):
         self._check(request, prompt_ids)
         events, job, head = self._submit(dialect.endpoint, request, prompt_ids, max_tokens)
         usage = lambda done: _usage(len(prompt_ids), done)  # noqa: E731
@@ -253,7 +197,7 @@ class _Completions:
                                 (lambda done: chunk([], usage=usage(done))) if request.include_usage else None)
         return self._sse(chunks, job)
 
-    def _check(self, request: _Request, prompt_ids: list[int]) -> None:
+    def _check(self, request: BaseRequest, prompt_ids: list[int]) -> None:
         role = self.role
         if request.model and request.model != role.model_name:
             raise _error(404, f"model {request.model!r} is not served here; this server serves {role.model_name!r}",
@@ -276,7 +220,7 @@ class _Completions:
             before = text
         return out
 
-    def _submit(self, endpoint: str, request: _Request, prompt_ids: list[int], max_tokens: int | None):
+    def _submit(self, endpoint: str, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None):
         role = self.role
         params = role.params(temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens,
                              seed=request.seed, stop=request.stops())
@@ -386,8 +330,9 @@ def create_app(role: ServeRole) -> FastAPI:
     @app.post("/feedback", dependencies=[Depends(authorized)])
     def feedback(body: Feedback):
         try:
-            answer = role.feedback(body.response_id, body.choice, body.reward, group_id=body.group_id,
-                                   group_size=body.group_size, end_conversation=body.end_conversation)
+            answer = role.feedback_desk.feedback(body.response_id, body.choice, body.reward,
+                                                 group_id=body.group_id, group_size=body.group_size,
+                                                 end_conversation=body.end_conversation)
         except FeedbackError as exc:
             raise _error(exc.status, str(exc))
         return JSONResponse(status_code=answer.status, content=answer.body)

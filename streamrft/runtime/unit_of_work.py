@@ -1,5 +1,5 @@
 """What a role did since its last commit, made durable as one: the unit every role loop commits (poll → handle →
-commit, :meth:`streamrft.consumers.runtime.RoleRuntime.run`; in the spirit of quix-streams' ``Checkpoint``).
+commit, :meth:`streamrft.runtime.RoleRuntime.run`; in the spirit of quix-streams' ``Checkpoint``).
 
 A unit holds
 - the records the role produced while it handled what it polled (requests, experiences, results, signals,
@@ -12,7 +12,7 @@ A unit holds
 - actions to run once the commit is durable (a ledger's committed points, counters, log lines, the trainer's
   checkpoint): bookkeeping that must not run ahead of the topics.
 
-A transactional role commits all of that in ONE Kafka transaction (``RoleRuntime.transaction``: the one abort
+A transactional role commits all of that in ONE Kafka transaction (its ``Transactor``: the one abort
 policy of ``streamrft.kafka.transaction``: an abortable error runs the same unit again, anything else stops the
 role, whose state is in the topics). A role without a transactional id (the monitor) flushes its sinks, then
 commits its consumer's offsets: a crash between the two redelivers what the sinks already hold, which they skip.
@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from streamrft.kafka import RecordProducer
+from streamrft.kafka import RecordProducer, Transactor
 from streamrft.kafka.consumer import CommitPoints, Offsets, RecordConsumer
-
-if TYPE_CHECKING:
-    from .runtime import RoleRuntime
+from streamrft.telemetry import MetricsPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -35,12 +33,18 @@ Produce = Callable[[RecordProducer], None]
 
 
 class UnitOfWork:
-    def __init__(self, runtime: "RoleRuntime", *, state: Callable[[], list[tuple[str, Any]]] | None = None,
+    def __init__(self, source: str, producer: RecordProducer, metrics: MetricsPublisher,
+                 transactor: Transactor | None, *, state: Callable[[], list[tuple[str, Any]]] | None = None,
                  sinks: tuple[Callable[[], None], ...] = (), consumer: RecordConsumer | None = None):
-        """``state()``: the (topic, record) pairs every commit writes (called at commit time, so they say what
-        the unit leaves). ``sinks``: flushed before a non-transactional commit. ``consumer``: whose offsets a
-        non-transactional role commits (a transactional one commits its bound consumer's)."""
-        self._runtime = runtime
+        """A unit of the role ``source``, written with its ``producer`` (its ``metrics`` too), committed by its
+        ``transactor`` (None: a role without transactions). ``state()``: the (topic, record) pairs every commit
+        writes (called at commit time, so they say what the unit leaves). ``sinks``: flushed before a
+        non-transactional commit. ``consumer``: whose offsets a non-transactional role commits (a transactional
+        one commits its transactor's bound consumer's)."""
+        self._source = source
+        self._producer = producer
+        self._metrics = metrics
+        self._transactor = transactor
         self._state = state
         self._sinks = sinks
         self._consumer = consumer
@@ -63,7 +67,7 @@ class UnitOfWork:
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         """The role's metrics for ``step`` on ``metrics``, with the rest of the unit."""
-        publisher = self._runtime.metrics
+        publisher = self._metrics
         self._writes.append(lambda producer: publisher.publish(step, values))
 
     def commit_points(self, points: CommitPoints) -> None:
@@ -99,10 +103,10 @@ class UnitOfWork:
         """Make the unit durable as one (see the module docstring); raises when it cannot."""
         if not self.due:
             return
-        what = "; ".join(self._what) or f"{self._runtime.source}'s work"
-        if self._runtime.transactional:
+        what = "; ".join(self._what) or f"{self._source}'s work"
+        if self._transactor is not None:
             if self._writes or self._touched or self._points is not None or self._state is not None:
-                self._runtime.transaction(self._produce, what, offsets=self._points)
+                self._transactor.run(self._produce, what, self._points)
         else:
             self._commit_plainly()
         if self._offsets_after is not None:
@@ -124,7 +128,7 @@ class UnitOfWork:
         for flush in self._sinks:
             flush()
         if self._writes:
-            self._produce(self._runtime.producer)
-            self._runtime.producer.flush()
+            self._produce(self._producer)
+            self._producer.flush()
         if self._consumer is not None:
             self._consumer.commit()

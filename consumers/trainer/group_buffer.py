@@ -8,7 +8,7 @@ from typing import Iterable
 
 
 from streamrft.kafka.consumer import Delivered, Offsets
-from streamrft.schemas import Experience
+from streamrft.schemas import Experience, Objective
 
 
 
@@ -29,6 +29,11 @@ class Group:
     @property
     def experiences(self) -> list[Experience]:
         return [item.record for item in self.items.values()]
+
+    @property
+    def objective(self) -> Objective:
+        """What the group trains (its records share one: one task's samples, a conversation or a pair)."""
+        return next(iter(self.items.values())).record.objective
 
 
 class GroupBuffer:

@@ -1,0 +1,52 @@
+"""What the rollout worker counts: its Prometheus counters, and the metrics each commit writes to ``metrics``."""
+from __future__ import annotations
+
+import collections
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from streamrft.engines.rollout import Assembled, RolloutCore
+
+
+class RolloutMetrics:
+    def __init__(self, registry: CollectorRegistry, core: RolloutCore) -> None:
+        self.core = core
+        self.requests = Counter("streamrft_rollout_requests", "requests handled, by status", ["status"],
+                                registry=registry)
+        self.tokens = Counter("streamrft_rollout_generated_tokens", "response tokens generated", registry=registry)
+        self.failed_samples = Counter("streamrft_rollout_failed_samples", "samples their reward could not score "
+                                      "(a judge's answer without a score), by reward; never trained on",
+                                      ["reward"], registry=registry)
+        self.busy = Counter("streamrft_rollout_busy_seconds", "seconds the engine ran with requests in flight",
+                            registry=registry)
+        Gauge("streamrft_rollout_swaps_in_flight", "weights versions loaded while requests ran "
+              "(rollout.weight_update: in_flight)", registry=registry).set_function(lambda: core.swaps_in_flight)
+        self._unscored: collections.Counter[str] = collections.Counter()  # by reward, since the last commit
+        self._busy_s = 0.0
+        self._last_commit = time.monotonic()
+
+    def stepped(self) -> None:
+        """After each step of the core: the engine's busy time."""
+        self.busy.inc(self.core.busy_s - self._busy_s)
+        self._busy_s = self.core.busy_s
+
+    def assembled(self, assembled: Assembled) -> None:
+        self.tokens.inc(assembled.tokens)
+        for reward in assembled.unscored:
+            self.failed_samples.labels(reward).inc()
+            self._unscored[reward] += 1
+
+    def of_commit(self, requests: int, samples: int) -> dict[str, float]:
+        """The metrics of a commit of ``requests`` requests and their ``samples`` experiences."""
+        elapsed = time.monotonic() - self._last_commit
+        failed = {f"{reward}/failed_samples": count for reward, count in self._unscored.items()}
+        self._unscored.clear()
+        return {"rollout_worker/requests": requests, "rollout_worker/samples": samples,
+                "rollout_worker/in_flight": self.core.running,
+                "rollout_worker/samples_per_s": samples / max(elapsed, 1e-6), **failed}
+
+    def committed(self, statuses: list[str]) -> None:
+        self._last_commit = time.monotonic()
+        for status in statuses:
+            self.requests.labels(status).inc()
