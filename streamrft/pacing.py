@@ -1,7 +1,8 @@
 """The sync policy in one place: when the explorer may publish a step, which weights its requests name, when the
 trainer publishes and asks workers to move, how stale a trained experience may be, and whether workers take
 every new version at once. Built once from the run config (``Pacing.of``); the explorer, the trainer, the rollout
-workers, serve mode and the dashboard ask it, and none of them looks at a style's name. docs/architecture.md
+workers and the dashboard ask it, and none of them looks at a style's name (serve mode takes every new version
+whatever the style: its traffic is online learning). docs/architecture.md
 ("Pacing") draws it.
 
 Versions count trainer steps whose weights are published; trainer step ``t`` trains on explorer step ``t``'s

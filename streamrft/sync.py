@@ -15,11 +15,12 @@ from functools import partial
 
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import SyncKind, SyncSignal
-from streamrft.validation import TOPIC_CHECKS, ExplorerState
+from streamrft.explorer_state import ExplorerState
+from streamrft.validation import TOPIC_CHECKS
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ExplorerState", "SyncView", "supersedes"]
+__all__ = ["SyncView", "supersedes"]
 
 
 def supersedes(current: SyncSignal | None, incoming: SyncSignal) -> bool:

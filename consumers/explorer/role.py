@@ -34,7 +34,7 @@ from streamrft.pacing import Pacing
 from streamrft.rollout_stats import retry_metrics, step_metrics, taskset_metrics
 from streamrft.runtime import RoleRuntime, UnitOfWork
 from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
-from streamrft.validation import ExplorerState
+from streamrft.explorer_state import ExplorerState
 
 from .evals import EvalRounds
 from .retries import Retries

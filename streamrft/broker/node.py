@@ -173,7 +173,7 @@ class BrokerNode:
         if found is not None:
             raise BrokerError(f"node {self.node_id}'s storage {self.storage} belongs to cluster {found}, the others' "
                               f"to {cluster_id}; give broker.data_dir / --data-dir a new or empty directory")
-        # A short-lived tool: the quick (C1) JIT and the class archive shave ~0.3 s off its ~0.7 s.
+        # A short-lived tool: the quick (C1) JIT and the class archive start it faster.
         cmd = [java.path, "-XX:TieredStopAtLevel=1", *self._class_sharing_flags(java, use_only=True),
                "-cp", self._classpath(), "kafka.tools.StorageTool", "format", "-t", cluster_id,
                "-c", str(self.directory / "server.properties"), "--ignore-formatted"]
@@ -225,7 +225,7 @@ class BrokerNode:
 
     def _class_sharing_flags(self, java: Java, use_only: bool = False) -> list[str]:
         """Class-data sharing: the JVM maps the broker's classes from an archive instead of loading and
-        verifying them, which cuts its start-up by ~0.7 s here. Without an archive for this JVM, node 1 of the
+        verifying them, which shortens its start-up. Without an archive for this JVM, node 1 of the
         first non-detached broker writes one when it exits: into its data dir, so that an owner killed mid-way
         leaves no 50 MB stray in the cache, then moved into place."""
         self._archive = kafka_home(self.config.kafka_version) / f"classes-java{java.version}.jsa"

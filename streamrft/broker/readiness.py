@@ -93,7 +93,7 @@ class Readiness:
 
     def _transactions(self, deadline: float) -> None:
         """The first request creates and loads the transaction topic; librdkafka retries "not available" /
-        "loading" on its own fixed 500 ms timers (~1 s in all here). A timed-out init_transactions() resumes
+        "loading" on its own fixed 500 ms timers. A timed-out init_transactions() resumes
         where it left off when called again."""
         from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -118,9 +118,8 @@ class Readiness:
 
     def _group_coordinator(self, deadline: float) -> None:
         """Looking up a group's coordinator creates the offsets topic. In a cluster it must exist before a broker
-        can be lost: it is created with every replica or not at all. (A consumer's committed() rather than the
-        admin API's list_consumer_group_offsets, which crashed confluent-kafka 2.16 now and then while the
-        coordinator was still loading.)"""
+        can be lost: it is created with every replica or not at all. A consumer's committed() asks, not the admin
+        API's list_consumer_group_offsets, which confluent-kafka 2.x can crash on while the coordinator loads."""
         from confluent_kafka import Consumer, KafkaException, TopicPartition
 
         consumer = Consumer({**self.broker.client_properties(), "group.id": f"streamrft-ready-probe-{uuid.uuid4().hex[:8]}"})

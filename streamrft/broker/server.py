@@ -8,8 +8,8 @@ Start-up, in order: pick free ports (two per node) → write each node's server.
 the cluster answers metadata with *our* cluster id (a port picked as free can be taken by someone else's broker
 meanwhile) and lists every node as a broker, a transactional producer id is handed out and a consumer group
 finds its coordinator (the transaction and offsets topics are created then, while every broker is up to hold a
-replica; the roles depend on both). Any failure reports the tail of the logs. Measured here: one node ~2-3 s from
-start() to ready, of which ~1 s is librdkafka's fixed retry timers while the coordinators load; three nodes ~7 s.
+replica; the roles depend on both: readiness.py). Any failure reports the tail of the logs. `streamrft broker
+check` prints how long a start took.
 
 Data dir: one node keeps its files in the data dir itself; a cluster has ``node-1`` … ``node-N`` under it and one
 ``security/`` for all. stop() runs at interpreter exit (atexit), and no JVM outlives a dead owner (node.py).
@@ -205,8 +205,8 @@ class EmbeddedBroker:
 
         Every node gets its SIGTERM at once. A broker's controlled shutdown waits for the controller quorum's
         approval (up to 5 minutes), so a node left running after a majority has exited cannot finish: it gets
-        QUORUMLESS_GRACE_S, then SIGKILL (measured: three nodes stop in 0.6-5.6 s, but one in several waited the
-        whole 20 s for a quorum that was gone). Its data is safe; its next start recovers the logs."""
+        QUORUMLESS_GRACE_S, then SIGKILL rather than the whole timeout for a quorum that is gone. Its data is safe;
+        its next start recovers the logs."""
         atexit.unregister(self.stop)
         nodes, self.nodes, self._bootstrap = self.nodes, [], None
         for node in nodes:

@@ -4,13 +4,18 @@ from __future__ import annotations
 import argparse
 import logging
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from rich.console import Console
 
-from ..config import RunConfig, load_config
 from ..errors import BrokerError
-from ..kafka import KafkaClients
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
+    from ..kafka import KafkaClients
+
+# The run config and the Kafka clients are imported where a command runs, not when its parser is built: `--help`
+# pays for neither.
 
 console = Console(stderr=True)
 logger = logging.getLogger(__name__)
@@ -24,16 +29,20 @@ def add_config_argument(parser: argparse.ArgumentParser, positional: bool = Fals
         parser.add_argument("-c", "--config", metavar="CONFIG", default=None, help=help_text)
 
 
-def config_from(args: argparse.Namespace) -> RunConfig:
+def config_from(args: argparse.Namespace) -> "RunConfig":
+    from ..config import load_config
+
     return load_config(getattr(args, "config", None))
 
 
 @contextmanager
-def open_run(config: RunConfig, create_topics: bool = True, shared_broker: bool = False) -> Iterator[KafkaClients]:
+def open_run(config: "RunConfig", create_topics: bool = True, shared_broker: bool = False
+             ) -> Iterator["KafkaClients"]:
     """Kafka clients for the run on its cluster (the embedded broker when none is configured), with the
     run's topics created if missing. ``shared_broker``: a role process must meet the other roles on one
     cluster, so it never starts a private embedded broker."""
     from ..broker import cluster_for, running_broker
+    from ..kafka import KafkaClients
 
     if shared_broker and config.kafka.embedded and running_broker() is None:
         raise BrokerError(
@@ -55,7 +64,7 @@ def open_run(config: RunConfig, create_topics: bool = True, shared_broker: bool 
             clients.close()
 
 
-def _role_principal(config: RunConfig) -> bool:
+def _role_principal(config: "RunConfig") -> bool:
     """Whether the config's principal is one of a run's roles: those may not create topics (their ACLs allow
     only their own work); the run's admin creates them (`streamrft run`, `streamrft topics --create`)."""
     from ..acls import ROLES, principal_name

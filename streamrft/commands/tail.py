@@ -5,13 +5,15 @@ import argparse
 import base64
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import TOPIC_NAMES
-from ..kafka.reader import RawRecord, read_topic
 from streamrft.schemas import DecodeError, Experience
 from streamrft.schemas.packing import unpack_f32, unpack_i32, unpack_u8
 from .common import add_config_argument, config_from, open_run
+
+if TYPE_CHECKING:
+    from ..kafka.reader import RawRecord
 
 # Packed array fields of Experience and how to show them.
 _PACKED = {"tokens": unpack_i32, "logprobs": unpack_f32, "action_mask": unpack_u8, "token_rewards": unpack_f32}
@@ -30,6 +32,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..kafka.reader import read_topic
+
     config = config_from(args)
     topic = resolve_topic(config, args.topic)
     with open_run(config, create_topics=False) as clients:
@@ -46,7 +50,7 @@ def resolve_topic(config, name: str) -> str:
     return config.topic(short) + name[len(short):] if short in TOPIC_NAMES else name
 
 
-def render(raw: RawRecord, serde) -> dict[str, Any]:
+def render(raw: "RawRecord", serde) -> dict[str, Any]:
     out: dict[str, Any] = {
         "topic": raw.topic, "partition": raw.partition, "offset": raw.offset,
         "key": raw.key.decode(errors="replace") if raw.key else None, "timestamp": raw.timestamp_ms,

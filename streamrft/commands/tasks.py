@@ -7,8 +7,6 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from streamrft.errors import ConfigError, StreamrftError
-from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks, write_rejects
-from streamrft.producers.task_producer import produce_tasks
 
 from .common import add_config_argument, config_from, console, open_run
 
@@ -62,6 +60,9 @@ def _topic_of(config, taskset: str) -> str:
 
 
 def run_produce(args: argparse.Namespace) -> int:
+    from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks, write_rejects
+    from streamrft.producers.task_producer import produce_tasks
+
     config = config_from(args)
     taskset = args.taskset or ("stdin" if args.source == "-" else Path(args.source).stem)
     mapping = FieldMapping(prompt_key=args.prompt_key, answer_key=None if args.no_answer else args.answer_key,

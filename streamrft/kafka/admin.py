@@ -149,9 +149,8 @@ def watermarks(consumer: Consumer, tp: TopicPartition, timeout: float = 10.0) ->
     """(low, high) offsets of a partition, retrying while leadership settles (new topics, broker restarts).
 
     A consumer that does not fetch the partition (a probe) keeps the leader it last knew: after that broker dies,
-    its queries time out or find the partition unknown for good (measured on the 3-node cluster: "Local: Unknown
-    partition" on every query 12 s after the leader's SIGKILL; it took the explorer and the trainer down). So each
-    retry first asks the cluster for the topic's metadata again."""
+    its queries time out or find the partition unknown ("Local: Unknown partition") for good. So each retry first
+    asks the cluster for the topic's metadata again."""
     deadline = time.monotonic() + timeout
     while True:
         try:

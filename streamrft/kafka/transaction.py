@@ -14,17 +14,15 @@ policy for every role:
 - a fatal error that no newer instance caused is also met with a new client and the same unit. That is a
   transaction held up past its transaction.timeout.ms (a broker failover): the coordinator aborts it and bumps the
   producer's epoch, and librdkafka then reports the client fenced (_FENCED) or its abort refused
-  (INVALID_TXN_STATE), fatal either way (librdkafka #3297; seen in bench/chaos.py on the 3-node cluster, a worker's
-  10 s transaction across its partition leader's death). Fencing of a transaction younger than its timeout is a
-  newer instance's. The new client's init_transactions takes the id over with a new epoch, so nothing of the old
+  (INVALID_TXN_STATE), fatal either way (librdkafka #3297), e.g. a transaction open across its partition leader's
+  death. Fencing of a transaction younger than its timeout is a newer instance's. The new client's init_transactions takes the id over with a new epoch, so nothing of the old
   transaction can commit;
 - an authorization error (the principal's ACLs do not allow a write, the transactional id or the group) is raised
   at once as ``AuthorizationError``, naming the resource;
 - the consumer group no longer knowing this member (its session ended while a coordinator failed over) is raised
   at once as :class:`TransactionFailed`: its partitions may be another member's by now, so the unit's offsets must
   not be committed, and only polling (which the role does, not this loop) lets the consumer rejoin. Retrying it
-  here wrote one aborted copy of the unit per attempt (32 in 60 s in bench/chaos.py, enough to make the trainer's
-  lag look like 250 untrained experiences);
+  here would write one aborted copy of the unit per attempt, each counted as lag by whoever reads the topic;
 - anything else is raised after the abort: :class:`FatalTransactionError` when the producer was fenced by a newer
   instance with the same transactional.id (this one must stop), :class:`TransactionFailed` when the deadline
   passed, or the caller's own exception. The role then stops; its state is in the topics, so a restart resumes.
@@ -46,9 +44,8 @@ logger = logging.getLogger(__name__)
 
 # Each transaction call gets at most CALL_TIMEOUT_S (and is tried again, within the unit's deadline, when it
 # times out); one that has not returned STUCK_GRACE_S after that is taken as stuck. So a client stuck across a
-# broker restart is replaced after ~7 s, not after the whole unit's deadline (measured in bench/chaos.py: a
-# worker stalled 75 s with one 60 s call; with 10 s + 5 s, the 3-node cluster's rolling restart cost the loop
-# 17 s, two roles stuck in send_offsets_to_transaction once the group coordinator moved).
+# broker restart (send_offsets_to_transaction once the group coordinator moved) is replaced after ~7 s, not after
+# the whole unit's deadline. bench/chaos.py --nodes 3 measures what a rolling restart costs the loop.
 CALL_TIMEOUT_S = 5.0
 STUCK_GRACE_S = 2.0
 MAX_REOPENS = 3  # stuck or failed clients replaced within one unit of work before giving up

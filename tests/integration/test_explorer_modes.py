@@ -207,7 +207,7 @@ def test_eval_rounds_run_beside_training_and_eval_on_start_evaluates_the_base_mo
     """Eval rounds do not block the explorer: the step after an eval round is published while the round is
     still in flight. eval_on_start adds a round for the base model (metrics at step -1)."""
     from streamrft.schemas import SyncKind, SyncSignal
-    from streamrft.validation import ExplorerState
+    from streamrft.explorer_state import ExplorerState
 
     config = run_config(
         mode="explore",

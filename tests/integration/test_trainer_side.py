@@ -579,7 +579,7 @@ def test_short_batches_when_the_explorer_finished_steps_with_fewer_groups(run_co
     """Steps lost groups (failed tasks): once the explorer reports a step finished, the trainer trains the
     groups it has instead of waiting forever; once it reports done, an incomplete group is dropped, the rest
     trained, and the trainer stops."""
-    from streamrft.sync import ExplorerState
+    from streamrft.explorer_state import ExplorerState
 
     config = run_config(**_settings(tiny_model_dir, tmp_path / "ckpt"))
     clients = _clients(config)
@@ -718,7 +718,7 @@ def test_fully_async_keeps_several_steps_in_flight_within_the_staleness_bound(ru
     ahead (its state record lists more than one step in flight), never publishes a step whose weights bound
     is unmet, every step is finished once and in order, and no trained experience is staler than 2."""
     from streamrft.schemas import RolloutRequest, RolloutResult
-    from streamrft.validation import ExplorerState
+    from streamrft.explorer_state import ExplorerState
 
     steps = 6
     settings = _settings(tiny_model_dir, tmp_path / "ckpt",

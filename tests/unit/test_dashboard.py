@@ -57,7 +57,7 @@ def test_dashboard_shows_progress_with_an_eta_the_latest_eval_round_and_the_sync
 def test_dashboard_says_which_steps_are_in_flight_and_what_the_next_one_waits_for():
     from streamrft.config import load_config
     from streamrft.launch.dashboard import sync_line
-    from streamrft.validation import ExplorerState
+    from streamrft.explorer_state import ExplorerState
 
     config = load_config(overrides={"sync": {"style": "fully_async", "max_staleness": 2},
                                     "explorer": {"max_inflight_steps": 3}}, env={})

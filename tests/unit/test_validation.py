@@ -12,7 +12,8 @@ from streamrft.kafka.dlq import DeadLetterLedger, dead_letter
 from streamrft.schemas import (Experience, InvalidRecordError, Metric, RolloutKind, RolloutRequest, RolloutResult,
                                RolloutStatus, SyncKind, SyncMethod, SyncSignal, Task, pack_f32, pack_i32, pack_u8)
 from streamrft.sync import supersedes
-from streamrft.validation import (ExplorerState, check_experience, check_metric, check_request, check_result,
+from streamrft.explorer_state import ExplorerState
+from streamrft.validation import (check_experience, check_metric, check_request, check_result,
                                   check_control, check_sync, check_task)
 
 
