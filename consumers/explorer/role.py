@@ -122,6 +122,8 @@ class Explorer:
             return False
         while not self.stop.requested and self._publish_next_step(unit):  # 1.
             pass
+        for duplicate in self.tasks.take_duplicates():  # read past with this unit's offsets (tasks.py)
+            unit.dead_letter(duplicate.letter(self.config.consumer_group("explorer")))
         if self._publishing_over and not self.window and not self.evals:
             return False
         # no waiting for results while this pass holds uncommitted work: the requests' deadlines already run
@@ -179,7 +181,10 @@ class Explorer:
         min_version = self.pacing.min_model_version(step, self.sync)
         requests = {}
         for epoch, task in batch:
-            request = RolloutRequest(request_id=f"s{step}-e{epoch}-{task.task_id}", step=step,
+            request_id = f"s{step}-e{epoch}-{task.task_id}"
+            if request_id in requests:  # the same id from two tasksets (or two blocks): two tasks, two requests
+                request_id += f"-{task.taskset}-{len(requests)}"
+            request = RolloutRequest(request_id=request_id, step=step,
                                      kind=RolloutKind.TRAIN, task=task,
                                      repeat_times=task.repeat_times or s.repeat_times,
                                      min_model_version=min_version, deadline_ms=self._deadline_ms())

@@ -43,6 +43,9 @@ class Taskset(Protocol):
     def restore(self, position: dict, blocks_before: int) -> None:
         """Go on from a state record's position."""
 
+    def take_duplicates(self) -> list:
+        """Records read that are not to be rolled out (their task id is taken), for the dead-letter topic."""
+
 
 def configured_tasksets(config: RunConfig) -> tuple[TasksetConfig, ...]:
     """``explorer.tasksets``, or the one taskset of a run without them: the ``tasks`` topic in the selector's
@@ -104,6 +107,10 @@ class TaskSchedule:
                 if counts[taskset.name]:
                     taken += taskset.take(counts[taskset.name])
         return taken
+
+    def take_duplicates(self) -> list:
+        """The task records read that are not to be rolled out (a topic taskset's duplicate ids), for the DLQ."""
+        return [duplicate for taskset in self.tasksets for duplicate in taskset.take_duplicates()]
 
     def observe(self, result: RolloutResult) -> None:
         for taskset in self.tasksets:

@@ -55,6 +55,9 @@ class FileTaskset:
     def ready(self, wait: bool) -> bool:
         return not self.exhausted
 
+    def take_duplicates(self) -> list:
+        return []  # a file's tasks are named by their line: no two share an id
+
     def take(self, count: int) -> list[tuple[int, Task]]:
         """Up to ``count`` (epoch, task) pairs, the next in the taskset's order; fewer only when it runs out."""
         out: list[tuple[int, Task]] = []

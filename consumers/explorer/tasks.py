@@ -10,6 +10,10 @@ doubled. A restarted explorer reads the pending tasks back by reference (:meth:`
 
 Several topic-fed tasksets share the explorer's one bound consumer (one transaction commits every position):
 each reads only its own topic while it reads (``RecordConsumer.read_only``).
+
+**Task ids in a block are unique.** A record whose ``task_id`` another record of the same block already has is
+not rolled out: it is dead-lettered (``duplicate task_id (first at partition P offset O)``) with the transaction
+that moves past it. The same id in a later block is a task injected again, and is rolled out again.
 """
 from __future__ import annotations
 
@@ -20,13 +24,34 @@ import time
 from streamrft.config import RunConfig, TasksetConfig
 from streamrft.kafka import KafkaClients, RecordConsumer
 from streamrft.kafka.consumer import Delivered
+from streamrft.kafka.dlq import DeadLetter, dead_letter
 from streamrft.lifecycle import StopSignal
-from streamrft.schemas import Task
+from streamrft.schemas import SingleObjectCodec, Task
 from streamrft.selection import Selector
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Duplicate:
+    """A task record whose id an earlier record of its block has (at ``first``: partition, offset)."""
+
+    item: Delivered[Task]
+    first: tuple[int, int]
+
+    @property
+    def reason(self) -> str:
+        return (f"duplicate task_id {self.item.record.task_id!r} (first at partition {self.first[0]} offset "
+                f"{self.first[1]}); give each task its own id, or inject it again later to roll it out again")
+
+    def letter(self, group: str) -> DeadLetter:
+        item = self.item
+        return dead_letter(topic=item.topic, partition=item.partition, offset=item.offset,
+                           key=None if item.key is None else item.key.encode(),
+                           value=SingleObjectCodec().encode(item.record), error=self.reason,
+                           reason="duplicate-task-id", stage="process", group=group, original_headers=item.headers)
 
 
 class TopicTaskset:
@@ -52,6 +77,7 @@ class TopicTaskset:
         # (epoch, partition, offset) -> task, for the references in pending (a block that spans an epoch boundary
         # of a small topic can hold one record twice)
         self._by_ref: dict[tuple[int, int, int], Task] = {}
+        self.duplicates: list[Duplicate] = []  # read, not to be rolled out: for the dead-letter topic
 
     # -- the schedule's calls -------------------------------------------------------------------------------
     def ready(self, wait: bool) -> bool:
@@ -120,6 +146,7 @@ class TopicTaskset:
             self.epoch += 1
             logger.info("explorer: end of taskset %s (%s); epoch %d starts", self.name, self.topic, self.epoch)
             self.consumer.rewind_to_start(topic=self.topic)
+        block = self._without_duplicates(block)
         by_task = {id(item.record): (epoch, item) for epoch, item in block}
         ordered = self.selector.order([item.record for _, item in block], self.epoch, self.blocks)
         self.blocks += 1
@@ -128,6 +155,25 @@ class TopicTaskset:
             epoch, item = by_task[id(task)]
             self.pending.append([epoch, item.partition, item.offset])
             self._by_ref[(epoch, item.partition, item.offset)] = task
+
+    def _without_duplicates(self, block: list[tuple[int, Delivered[Task]]]) -> list[tuple[int, Delivered[Task]]]:
+        """The block less the records whose task id an earlier record of it has (those go to ``duplicates``).
+        One record read twice (a block across an epoch boundary of a small topic) is not a duplicate."""
+        first_at: dict[str, tuple[int, int]] = {}
+        kept = []
+        for epoch, item in block:
+            first = first_at.setdefault(item.record.task_id, (item.partition, item.offset))
+            if first == (item.partition, item.offset):
+                kept.append((epoch, item))
+            else:
+                self.duplicates.append(Duplicate(item, first))
+                logger.warning("explorer: %s: duplicate task_id %r (first at partition %d offset %d) is "
+                               "dead-lettered", item.where, item.record.task_id, *first)
+        return kept
+
+    def take_duplicates(self) -> list[Duplicate]:
+        duplicates, self.duplicates = self.duplicates, []
+        return duplicates
 
     # -- after a restart ------------------------------------------------------------------------------------
     def restore(self, position: dict, blocks_before: int) -> None:

@@ -267,3 +267,36 @@ def test_a_restarted_explorer_collects_the_steps_it_left_in_flight(run_config):
     requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
     assert Counter(r.task.task_id for r in requests) == {t.task_id: 1 for t in tasks}
     clients.close()
+
+
+def test_a_duplicate_task_id_is_dead_lettered_once_with_where_the_first_is(run_config):
+    """Two records of one block with the same task_id: the first is rolled out, the second goes to the DLQ once,
+    naming the first's partition and offset; every other task is rolled out once."""
+    from streamrft.kafka.reader import read_to_end
+    from streamrft.schemas import Task
+
+    config = run_config(
+        sync={"style": "fully_async", "max_staleness": 100},
+        explorer={"batch_size": 4, "repeat_times": 2, "metrics_port": None},
+        rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
+    tasks = make_arithmetic_tasks(6, seed=8)
+    twin = tasks[1].task_id
+    tasks[4] = dataclasses.replace(tasks[4], task_id=twin)  # same key: same partition, a later offset
+    clients, state = _run(config, tasks)
+
+    requests = read_all(config, clients.bootstrap, "rollouts", clients.serde, RolloutRequest)
+    assert Counter(r.task.task_id for r in requests) == {t.task_id: 1 for t in tasks}
+    assert [r.task.payload for r in requests if r.task.task_id == twin] == [tasks[1].payload]  # the first
+    topic = config.topic("tasks")
+    twins = sorted((raw.partition, raw.offset) for raw in read_to_end(config.kafka, clients.bootstrap, topic)
+                   if clients.serde.decode(raw.value, topic, Task).task_id == twin)
+    letters = [dict(raw.headers) for raw in read_to_end(config.kafka, clients.bootstrap, topic + ".dlq")]
+    assert len(twins) == 2 and len(letters) == 1
+    (partition, first), (_, second) = twins
+    assert letters[0]["streamrft.reason"] == b"duplicate-task-id"
+    assert (int(letters[0]["streamrft.source.partition"]), int(letters[0]["streamrft.source.offset"])) == (
+        partition, second)
+    assert (f"duplicate task_id {twin!r} (first at partition {partition} offset {first})"
+            in letters[0]["streamrft.error"].decode())
+    assert state.done
+    clients.close()
