@@ -3,12 +3,16 @@
 Payload ``{"question": "...", "answer": 84}``; :func:`streamrft.engines.tasks.make_word_problems` writes such
 tasks. The tool evaluates ``+ - * / // % **`` and parentheses over integers and decimals exactly (fractions),
 with no names, calls or attributes: it parses the expression, it never ``eval``s it. Sizes are bounded (the
-expression's length, exponents, the digits of a result) so a call cannot hold the worker.
+expression's length, exponents, the digits of a number or a result) so a call cannot hold the worker. Whatever
+goes wrong with a call (a bad expression, division by zero, a number that is not finite or too large) is a
+:class:`~.tools.ToolError`: the model reads why and the call gets the bad-call penalty; the episode goes on.
 """
 from __future__ import annotations
 
 import ast
+import math
 import operator
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 from .registry import register_environment
@@ -38,7 +42,9 @@ def evaluate(expression: str) -> Fraction:
 
 def _value(node: ast.AST) -> Fraction:
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return Fraction(str(node.value))
+        if not math.isfinite(node.value):
+            raise ToolError(f"numbers must be finite; {node.value} is not")
+        return _bounded(Fraction(str(node.value)))
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_value(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -49,18 +55,27 @@ def _value(node: ast.AST) -> Fraction:
             result = _BINARY[type(node.op)](left, right)
         except ZeroDivisionError:
             raise ToolError("division by zero") from None
-        result = Fraction(result)
-        if max(len(str(abs(result.numerator))), len(str(result.denominator))) > MAX_RESULT_DIGITS:
-            raise ToolError(f"the result has more than {MAX_RESULT_DIGITS} digits")
-        return result
+        except (ArithmeticError, ValueError) as exc:  # overflow and the like: the call's numbers, not the worker
+            raise ToolError(f"cannot compute it: {exc}") from None
+        return _bounded(Fraction(result))
     raise ToolError("only numbers, + - * / // % ** and parentheses are allowed")
 
 
+def _bounded(value: Fraction) -> Fraction:
+    if max(len(str(abs(value.numerator))), len(str(value.denominator))) > MAX_RESULT_DIGITS:
+        raise ToolError(f"numbers and results have at most {MAX_RESULT_DIGITS} digits")
+    return value
+
+
 def format_number(value: Fraction) -> str:
-    """Whole numbers as integers, others as decimals (at most 6 places)."""
+    """Whole numbers as integers, others as decimals rounded to at most 6 places (exactly: no float)."""
     if value.denominator == 1:
         return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0").rstrip(".")
+    with localcontext() as context:
+        context.prec = 2 * MAX_RESULT_DIGITS + 10
+        rounded = (Decimal(value.numerator) / Decimal(value.denominator)).quantize(Decimal("0.000001"))
+        text = format(rounded if rounded else Decimal(0), "f")  # no "-0" for a tiny negative value
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def calculate(expression: str) -> str:

@@ -123,8 +123,12 @@ class ToolEnvironment(Environment):
     def run_tool(tool: Tool, arguments: dict[str, Any]) -> str:
         try:
             return str(tool.function(**arguments))
+        except ToolError:
+            raise
         except TypeError as exc:  # missing or unexpected arguments
             raise ToolError(f"{tool.name}: {exc}") from None
+        except (ArithmeticError, ValueError) as exc:  # what the call's values make a tool fail with
+            raise ToolError(f"{tool.name}: {type(exc).__name__}: {exc}") from None
 
     def outcome(self) -> Reward:
         if self.answer is None:  # the budget ended the episode before an answer

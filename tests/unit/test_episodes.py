@@ -71,10 +71,34 @@ def test_calculator_evaluates_arithmetic_exactly(expression: str, value) -> None
     ("(1).real", "only numbers"), ("1 / 0", "division by zero"), ("2 ** 0.5", "exponents"),
     ("10 ** 65", "exponents"), ("(10 ** 40) ** 2", "digits"), ("1 +", "cannot parse"), ("", "empty"),
     ("1+" * 150 + "1", "longer than"), ("True + 1", "only numbers"),
+    ("1e999", "finite"), ("1e999 - 1e999", "finite"), ("9" * 100, "digits"), ("1e308 * 10", "digits"),
 ])
 def test_calculator_refuses_anything_else(expression: str, reason: str) -> None:
     with pytest.raises(ToolError, match=reason):
         evaluate(expression)
+
+
+@pytest.mark.parametrize("expression, shown", [
+    ("1 / 3", "0.333333"), ("-1 / 3", "-0.333333"), ("10 ** 50 / 3", "3" * 50 + ".333333"), ("-1e-7", "0"),
+    ("100 / 8", "12.5"), ("5 / 2 * 2", "5"),
+])
+def test_calculator_shows_decimals_exactly(expression: str, shown: str) -> None:
+    from streamrft.engines.workflows.calculator import calculate
+
+    assert calculate(expression) == shown
+
+
+def test_any_arithmetic_failure_of_a_tool_is_a_bad_call_not_a_failed_episode() -> None:
+    from streamrft.engines.workflows.tools import Tool, ToolEnvironment
+
+    def overflowing(x: str) -> str:
+        return str(float(10) ** int(x))  # OverflowError for a large x
+
+    tool = Tool(name="power", description="10 to the x", parameters={"type": "object"}, function=overflowing)
+    with pytest.raises(ToolError, match="OverflowError"):
+        ToolEnvironment.run_tool(tool, {"x": "400"})
+    with pytest.raises(ToolError, match="ValueError"):
+        ToolEnvironment.run_tool(tool, {"x": "ten"})
 
 
 def test_word_problems_are_seeded_and_their_answers_right() -> None:
