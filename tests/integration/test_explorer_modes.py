@@ -300,3 +300,45 @@ def test_a_duplicate_task_id_is_dead_lettered_once_with_where_the_first_is(run_c
             in letters[0]["streamrft.error"].decode())
     assert state.done
     clients.close()
+
+
+def test_a_trainer_that_falls_behind_holds_the_explorer_back_in_a_live_run(run_config):
+    """sync.max_buffered_batches in a live run: with no one training, the explorer publishes until the untrained
+    experiences are over one step's worth and then waits, saying why; once they are consumed (the trainer's group
+    commits past them) it goes on to the end."""
+    from streamrft.schemas import Experience
+
+    config = run_config(
+        sync={"style": "fully_async", "max_staleness": 100, "max_buffered_batches": 1},
+        explorer={"batch_size": 2, "repeat_times": 2, "max_steps": 4, "metrics_port": None},
+        rollout={"engine": "fake", "fake_latency_s": 0.0, "metrics_port": None})
+    clients = KafkaClients(config, config.kafka.bootstrap_servers)
+    clients.ensure_topics()
+    produce_tasks(clients, config, make_arithmetic_tasks(8, seed=13))
+    worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
+    explorer = RoleThread("explorer", lambda stop: Explorer(config, clients, stop)).start()
+    try:
+        deadline = time.monotonic() + 60
+        while not (explorer.role and "untrained" in explorer.role.state.waiting):
+            assert time.monotonic() < deadline, "the explorer never waited for the trainer"
+            assert explorer.error is None and worker.error is None
+            time.sleep(0.2)
+        held_at = explorer.role.state.next_step
+        time.sleep(3)  # held, not slow: nothing more is published meanwhile
+        held = explorer.role.state
+        assert held.next_step == held_at < 4 and "max_buffered_batches 1" in held.waiting
+
+        trainer_group = config.consumer_group("trainer")
+        reader = clients.consumer([config.topic("experiences")], Experience, trainer_group, dead_letters=False)
+        consumed = 0
+        while explorer.thread.is_alive() and time.monotonic() < deadline + 60:  # a trainer that keeps up
+            consumed += len(reader.poll(timeout=0.5))
+            reader.commit_offsets(reader.fetch_positions())  # as the trainer does: past the markers
+        reader.close()
+        wait_for(explorer, [worker], 30)
+    finally:
+        worker.stop.request()
+        explorer.stop.request()
+        worker.join(60)
+    assert explorer.result.done and explorer.result.next_step == 4 and consumed == 4 * 2 * 2
+    clients.close()
