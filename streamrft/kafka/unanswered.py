@@ -10,7 +10,10 @@ from .authorization import is_refusal
 _UNANSWERED = (KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._WAIT_COORD,
                KafkaError._UNKNOWN_PARTITION, KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_NOT_AVAILABLE,
                KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.REQUEST_TIMED_OUT,
-               KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+               KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+               # a new leader whose high watermark is not caught up with its followers yet (after a failover, or
+               # while the in-sync replicas are below min.insync.replicas): its offsets are asked again later
+               KafkaError.OFFSET_NOT_AVAILABLE)
 
 
 def unanswered(exc: BaseException) -> bool:
