@@ -2,6 +2,8 @@
 
     python bench/weight_sync.py [--model DIR] [--repeats 3] [--shard-mb 1024] [--bucket-mb 256]
     python bench/weight_sync.py --lora [--lora-rank 16]     # adapter-only sync against the full model's
+    python bench/weight_sync.py --url s3://BUCKET/PREFIX [--endpoint-url URL --path-style]   # an S3 store
+    python bench/weight_sync.py --url s3://bench/weights --s3proxy   # against a local s3proxy it starts
 
 * raw          — ``safetensors.torch.save_file`` then ``load_file`` of all tensors, one file (the floor).
 * object_store — ``ObjectStore.publish`` (sharded safetensors + sha256 + manifest, atomic moves, retention)
@@ -14,6 +16,12 @@
 With ``--lora``: the adapters of the training engine under ``model.lora`` (rank 16, every projection) published
 and loaded as a LoRA run's worker does (verified load, merge into the base with ``AdapterMerger``, whole-model
 copy into the engine's tensors), against the full model's object_store publish + load: seconds and bytes.
+
+With ``--url s3://...``: object_store publish + load on that store against raw s3fs, the floor there: one
+``safetensors.torch.save`` of all tensors put as one object with ``pipe_file``, then ``cat_file`` and
+``safetensors.torch.load``. Credentials come from s3fs's own search (``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ~/.aws); ``--s3proxy`` starts a local s3proxy (``streamrft s3 setup``) with a fresh
+key instead.
 
 Every method ends by copying the tensors into preallocated ones (what an engine's ``load_weights`` does), so
 lazily memory-mapped tensors are really read. The goal is ≤ 2× raw for each transport. Default model: the demo model directory if it has been prepared,
@@ -122,6 +130,77 @@ def bench_file_methods(tensors, workdir: Path, repeats: int, shard_bytes: int) -
     return times
 
 
+def bench_s3(tensors, url: str, options: dict, repeats: int, shard_bytes: int) -> dict[str, list[float]]:
+    """object_store on ``url`` against raw s3fs (one object put and got), interleaved run by run."""
+    import fsspec
+    from safetensors.torch import load as load_bytes, save as save_bytes
+
+    expected = digest(tensors)
+    dest = {name: torch.empty_like(t) for name, t in tensors.items()}
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    raw_path = f"{root.rstrip('/')}/raw/model.safetensors"
+    store = ObjectStore(f"{url.rstrip('/')}/store", keep_last=2, max_shard_bytes=shard_bytes, storage_options=options)
+    times: dict[str, list[float]] = {"raw": [], "object_store": [], "publish": [], "load": []}
+    for version in range(repeats):
+        t0 = time.perf_counter()
+        fs.pipe_file(raw_path, save_bytes(tensors))
+        into(dest, load_bytes(fs.cat_file(raw_path)).items())
+        times["raw"].append(time.perf_counter() - t0)
+        if version == 0 and digest(dest) != expected:
+            sys.exit("raw s3fs round trip changed the tensors")
+        fs.rm(raw_path)
+
+        t0 = time.perf_counter()
+        pub = store.publish(tensors.items(), version)
+        t1 = time.perf_counter()
+        into(dest, load_weights(pub.uri, pub.sha256, storage_options=options).items())
+        t2 = time.perf_counter()
+        times["object_store"].append(t2 - t0)
+        times["publish"].append(t1 - t0)
+        times["load"].append(t2 - t1)
+        if version == 0 and digest(dest) != expected:
+            sys.exit("object_store round trip on S3 changed the tensors")
+    return times
+
+
+def print_s3(times: dict[str, list[float]], nbytes: int, url: str) -> None:
+    raw_med, raw_best = statistics.median(times["raw"]), min(times["raw"])
+    print(f"\nstore    {url}")
+    print(f"{'method':<32} {'median s':>9} {'best s':>8} {'MB/s':>7} {'vs raw':>7} {'(best)':>7}")
+    for name, key in (("raw s3fs put+get (one object)", "raw"), ("object_store publish+load", "object_store"),
+                      ("  publish", "publish"), ("  load (verified)", "load")):
+        med, best = statistics.median(times[key]), min(times[key])
+        print(f"{name:<32} {med:>9.3f} {best:>8.3f} {nbytes / 1e6 / med:>7.0f} {med / raw_med:>6.2f}x "
+              f"{best / raw_best:>6.2f}x")
+    print("\ngoal: object_store ≤ 2.00x raw s3fs (identical tensors checked on the first run of each)")
+
+
+def run_s3(args, tensors, nbytes: int, workdir: Path) -> None:
+    options = {}
+    if args.endpoint_url:
+        options["endpoint_url"] = args.endpoint_url
+    if args.path_style:
+        options["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+    if not args.s3proxy:
+        times = bench_s3(tensors, args.url, options, args.repeats, int(args.shard_mb * (1 << 20)))
+        print_s3(times, nbytes, args.url)
+        return
+    import secrets
+
+    from streamrft.objectstore import S3Proxy
+
+    bucket = args.url.removeprefix("s3://").split("/", 1)[0]
+    (workdir / "s3" / bucket).mkdir(parents=True)
+    with S3Proxy(workdir / "s3", "bench", secrets.token_hex(20)) as server:
+        print(f"s3proxy  {server.endpoint_url}, started in {server.startup_s:.2f} s, "
+              f"{server.rss_bytes() / 2**20:.0f} MiB resident")
+        options |= {"endpoint_url": server.endpoint_url, "key": "bench", "secret": server._secret,
+                    "config_kwargs": {"s3": {"addressing_style": "path"}}}
+        times = bench_s3(tensors, args.url, options, args.repeats, int(args.shard_mb * (1 << 20)))
+        print(f"s3proxy  {server.rss_bytes() / 2**20:.0f} MiB resident after the runs")
+    print_s3(times, nbytes, args.url)
+
+
 def _collective_worker(rank: int, port: int, model_dir: str, repeats: int, bucket_bytes: int, queue,
                        world: int) -> None:
     torch.set_num_threads(1)
@@ -218,6 +297,10 @@ def main() -> None:
     parser.add_argument("--skip-collective", action="store_true")
     parser.add_argument("--lora", action="store_true", help="adapter-only sync against the full model's instead")
     parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--url", default=None, help="an s3:// store: object_store there against raw s3fs")
+    parser.add_argument("--endpoint-url", default=None, help="--url: an S3-compatible server's endpoint")
+    parser.add_argument("--path-style", action="store_true", help="--url: path-style addressing")
+    parser.add_argument("--s3proxy", action="store_true", help="--url: start a local s3proxy for the run")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="streamrft-bench-") as scratch:
@@ -236,6 +319,9 @@ def main() -> None:
         print(f"model    {model_dir}")
         print(f"tensors  {len(tensors)}, {nbytes / 1e6:.1f} MB, {'/'.join(dtypes)}; "
               f"{os.cpu_count()} CPUs; median of {args.repeats}")
+        if args.url:
+            run_s3(args, tensors, nbytes, workdir)
+            return
         if args.lora:
             bench_lora(model_dir, tensors, workdir, args.repeats, args.lora_rank, int(args.shard_mb * (1 << 20)))
             return

@@ -6,8 +6,9 @@ wins, so a record delivered twice never adds a row or a point):
 - Prometheus, on ``monitor.metrics_port``: a gauge per metric name (``rollout/reward_mean`` ->
   ``streamrft_rollout_reward_mean``) labelled ``role`` and ``source``, holding the value of the latest step,
   and ``streamrft_metric_step{metric, role, source}`` holding that step;
-- TensorBoard event files under ``<output_dir>/tensorboard`` (when ``monitor.tensorboard`` and tensorboard
-  is installed);
+- the experiment trackers of ``monitor.trackers`` (:mod:`.trackers`): TensorBoard event files under
+  ``<output_dir>/tensorboard``, an MLflow run, an offline W&B run; each gets every value, the run's config and
+  the eval table;
 - ``<output_dir>/metrics.csv``, long form (step, role, source, name, value, created_at), and
   ``<output_dir>/steps.csv``, wide form: one row per step with the explorer's ``rollout/*``, ``time/*`` and
   ``eval/*`` values and the trainer's ``actor/*`` and ``trainer/*`` values for that step.
@@ -35,13 +36,14 @@ from streamrft.lifecycle import StopSignal
 from streamrft.runtime import RoleRuntime
 from streamrft.schemas import Metric
 
+from .trackers import eval_table, open_trackers
+
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
 MAX_RECORDS = 1000
 METRICS_CSV = "metrics.csv"
 STEPS_CSV = "steps.csv"
-TENSORBOARD_DIR = "tensorboard"
 LONG_COLUMNS = ("step", "role", "source", "name", "value", "created_at")
 # Which metrics become columns of steps.csv: role -> name prefixes.
 STEP_COLUMNS: dict[str, tuple[str, ...]] = {"explorer": ("rollout/", "time/", "eval/"),
@@ -234,34 +236,6 @@ class PrometheusExport:
         self.step_gauge.labels(metric=row.name, role=row.role, source=row.source).set(row.step)
 
 
-class TensorBoardExport:
-    """Scalars into TensorBoard event files: tag = metric name, step = the metric's step, wall time = its
-    ``created_at``."""
-
-    def __init__(self, writer):
-        self.writer = writer
-
-    @classmethod
-    def open(cls, directory: Path) -> "TensorBoardExport | None":
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as exc:
-            logger.warning("monitor: TensorBoard output off (%s); install it with `pip install "
-                           "'streamrft[monitor]'` or set monitor.tensorboard: false", exc)
-            return None
-        directory.mkdir(parents=True, exist_ok=True)
-        return cls(SummaryWriter(log_dir=str(directory)))
-
-    def add(self, row: Row) -> None:
-        self.writer.add_scalar(row.name, row.value, global_step=row.step, walltime=row.created_at / 1000)
-
-    def flush(self) -> None:
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
 class Monitor:
     def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, source: str = "monitor"):
         self.config = config
@@ -275,10 +249,14 @@ class Monitor:
         self.prometheus = PrometheusExport(self.registry)
         for row in self.table.rows.values():  # a restarted monitor shows the last values at once
             self.prometheus.update(row)
-        self.tensorboard = (TensorBoardExport.open(self.output_dir / TENSORBOARD_DIR)
-                            if self.settings.tensorboard else None)
-        if self.tensorboard is not None:
-            self.runtime.on_close("tensorboard", self.tensorboard.close)
+        try:
+            self.trackers = open_trackers(config)
+        except BaseException:
+            self.runtime.close()
+            raise
+        for tracker in self.trackers:
+            self.runtime.on_close(type(tracker).__name__, tracker.close)
+        self._eval_changed = False
         self.runtime.serve(self.settings.metrics_port)
         self.endpoint = self.runtime.endpoint
         self.metrics_port = self.endpoint.port
@@ -327,14 +305,19 @@ class Monitor:
         self.prometheus.records.labels(outcome="exported").inc()
         self.exported += 1
         self.prometheus.update(row)
-        if self.tensorboard is not None:
-            self.tensorboard.add(row)
+        for tracker in self.trackers:
+            tracker.add(row)
+        self._eval_changed = self._eval_changed or row.name.startswith("eval/")
 
     # 3. flush -------------------------------------------------------------------------------------------
     def _flush(self) -> None:
         self.table.flush()
-        if self.tensorboard is not None:
-            self.tensorboard.flush()
+        table = eval_table(self.table.rows.values()) if self._eval_changed else None
+        for tracker in self.trackers:
+            tracker.flush()
+            if table:
+                tracker.log_eval_table(table)
+        self._eval_changed = False
 
     def close(self) -> None:
         self.runtime.close()

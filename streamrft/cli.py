@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 # Order is the order of `streamrft --help`.
 COMMAND_MODULES = (
     "broker",
+    "registry",
     "topics",
     "acls",
     "tasks",
@@ -32,6 +33,8 @@ COMMAND_MODULES = (
     "serve",
     "bench",
     "export",
+    "s3",
+    "ui",
 )
 
 

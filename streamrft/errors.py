@@ -20,3 +20,12 @@ class AuthorizationError(StreamrftError):
 
 class AuthenticationError(StreamrftError):
     """Kafka refused the configured credentials (the message never contains the secret)."""
+
+
+class RegistryError(StreamrftError):
+    """The embedded schema registry could not be set up, started or reached."""
+
+
+class SchemaIncompatibleError(StreamrftError):
+    """The schema registry refused a record's schema: it breaks the subject's compatibility rule. The message
+    names the record type, the subject and what to change."""

@@ -7,31 +7,40 @@ produces its tokens (``stream.TextDeltas``), with ``usage`` in a last chunk when
 (``stream_options.include_usage``); a client that disconnects stops its request in the engine.
 ``system_fingerprint`` is the weights version (``v3``) that generated the choices.
 
-Bounds: a body over ``serve.max_body_bytes`` is 413; more than ``serve.max_n`` choices or a prompt over
-``serve.max_prompt_tokens`` is 400; ``max_tokens`` is capped at ``serve.max_tokens``; a full engine and queue
-answer 429 with Retry-After; a request past ``serve.request_timeout_s`` is 504 (or an error event, streamed).
-With ``serve.api_key`` set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
+Bounds: every field of a body is checked before anything reaches the engine or a topic (``api_models.py``; a
+refused value is 400 on ``/v1``, 422 on ``/feedback``, naming the field and what it allows, ``errors.py``); a
+body over ``serve.max_body_bytes`` is 413 (declared or chunked); more than ``serve.max_n`` choices, a prompt over
+``serve.max_prompt_tokens`` or the model's context, a token id outside the vocabulary, or ``max_tokens`` past the
+context left is 400; ``max_tokens`` is capped at ``serve.max_tokens``; a full engine and queue answer 429 with
+Retry-After; a request past ``serve.request_timeout_s`` is 504 (or an error event, streamed). No answer carries
+exception text. With ``serve.api_key`` set, every route but ``/health`` needs ``Authorization: Bearer <key>``.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import secrets
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from streamrft.engines.inference import Completion
 from streamrft.engines.serving import JobStopped, Overloaded
 
 from .api_models import BaseRequest, ChatRequest, CompletionRequest, Feedback
+from .errors import INTERNAL, answer, http_error, refused_body
+from .errors import error as _error
 from .feedback import FeedbackError
 from .role import ServeRole
 from .stream import TextDeltas
+
+logger = logging.getLogger(__name__)
 
 
 def _finish(completion: Completion) -> str:
@@ -41,11 +50,6 @@ def _finish(completion: Completion) -> str:
 def _usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, int]:
     generated = sum(len(c.response_ids) for c in completions)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": generated, "total_tokens": prompt_tokens + generated}
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
-           headers: dict[str, str] | None = None) -> HTTPException:
-    return HTTPException(status, detail={"message": message, "type": kind, "code": code}, headers=headers)
 
 
 class _Events:
@@ -73,10 +77,9 @@ class _Events:
 
 
 class _BodyLimit:
-    """413 for a request body over ``max_bytes`` (declared, or counted as it is received)."""
-
-    class _TooLarge(Exception):
-        pass
+    """413 for a request body over ``max_bytes``: declared (Content-Length), or counted as it is received (a
+    chunked body). The count raises an HTTPException because FastAPI passes that one through its body parsing
+    (any other exception there becomes its 400 "error parsing the body")."""
 
     def __init__(self, app, max_bytes: int) -> None:
         self.app = app
@@ -87,7 +90,7 @@ class _BodyLimit:
             return await self.app(scope, receive, send)
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._refuse(scope, receive, send)
+            return await http_error(self._too_large())(scope, receive, send)
         received = 0
 
         async def counted():
@@ -96,19 +99,14 @@ class _BodyLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise self._TooLarge
+                    raise self._too_large()
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except self._TooLarge:
-            await self._refuse(scope, receive, send)
+        await self.app(scope, counted, send)
 
-    async def _refuse(self, scope, receive, send):
-        response = JSONResponse(status_code=413, content={"error": {
-            "message": f"the request body is over serve.max_body_bytes ({self.max_bytes:,} bytes)",
-            "type": "invalid_request_error", "code": "request_too_large"}})
-        await response(scope, receive, send)
+    def _too_large(self) -> HTTPException:
+        return _error(413, f"the request body is over serve.max_body_bytes ({self.max_bytes:,} bytes)",
+                      code="request_too_large")
 
 
 class _Chat:
@@ -180,7 +178,7 @@ class _Completions:
         self.decode = role.engine.decode
 
     async def respond(self, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None, dialect: Dialect):
-        self._check(request, prompt_ids)
+        self._check(request, prompt_ids, max_tokens)
         events, job, head = self._submit(dialect.endpoint, request, prompt_ids, max_tokens)
         usage = lambda done: _usage(len(prompt_ids), done)  # noqa: E731
         if not request.stream:
@@ -197,19 +195,36 @@ class _Completions:
                                 (lambda done: chunk([], usage=usage(done))) if request.include_usage else None)
         return self._sse(chunks, job)
 
-    def _check(self, request: BaseRequest, prompt_ids: list[int]) -> None:
-        role = self.role
+    def _check(self, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None) -> None:
+        """What the body's own limits cannot know: this server's settings, the model's context and vocabulary.
+        Checked here, so that a request the engine would fail never joins (and fails) a batch of others."""
+        role, engine = self.role, self.role.engine
         if request.model and request.model != role.model_name:
             raise _error(404, f"model {request.model!r} is not served here; this server serves {role.model_name!r}",
-                         code="model_not_found")
+                         code="model_not_found", param="model")
         if request.n > role.settings.max_n:
-            raise _error(400, f"n = {request.n}: a request may ask for at most {role.settings.max_n} choices "
-                              "(serve.max_n)")
+            raise _error(400, f"n: {request.n} choices; allowed: an integer in [1, {role.settings.max_n}] "
+                              "(serve.max_n)", param="n", code="invalid_value")
+        prompt = "messages" if isinstance(request, ChatRequest) else "prompt"
         if not prompt_ids:
-            raise _error(422, "the prompt is empty")
-        if len(prompt_ids) > role.max_prompt_tokens:
-            raise _error(400, f"a prompt of {len(prompt_ids)} tokens; at most {role.max_prompt_tokens} "
-                              "(serve.max_prompt_tokens)", code="context_length_exceeded")
+            raise _error(400, f"{prompt}: the prompt is empty", param=prompt, code="invalid_value")
+        vocab = engine.vocab_size
+        outside = next((i for i, t in enumerate(prompt_ids) if not 0 <= t < vocab), None)
+        if outside is not None:
+            raise _error(400, f"prompt[{outside}]: token id {prompt_ids[outside]} is not in the model's "
+                              f"vocabulary; allowed: an integer in [0, {vocab - 1}]", param=f"prompt[{outside}]",
+                         code="invalid_value")
+        context = engine.max_model_len
+        limit = min(role.max_prompt_tokens, context - 1) if context else role.max_prompt_tokens
+        if len(prompt_ids) > limit:
+            raise _error(400, f"{prompt}: a prompt of {len(prompt_ids)} tokens; at most {limit} (serve.max_prompt_"
+                              "tokens, and the model's context less one token to generate)", param=prompt,
+                         code="context_length_exceeded")
+        if max_tokens is not None and context and len(prompt_ids) + max_tokens > context:
+            name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
+            raise _error(400, f"{name}: {max_tokens} tokens after a prompt of {len(prompt_ids)} is over the model's "
+                              f"context of {context}; allowed: an integer in [1, {context - len(prompt_ids)}]",
+                         param=name, code="context_length_exceeded")
 
     def _pieces(self, completion: Completion) -> list[str]:
         """The text of each response token, so that they add up to the decoded response."""
@@ -238,11 +253,18 @@ class _Completions:
     async def _completions_of(self, events: _Events, job) -> list[Completion]:
         try:
             return await events.result()
-        except JobStopped as exc:
-            raise _error(504, str(exc), kind="timeout")
+        except JobStopped:
+            raise _error(504, self._stopped_message(), kind="timeout")
         except asyncio.CancelledError:
             self.role.cancel(job)
             raise
+        except Exception:
+            logger.exception("serve: a request failed in the engine")
+            raise _error(500, INTERNAL, kind="server_error")
+
+    def _stopped_message(self) -> str:
+        return (f"the request was stopped: not done within serve.request_timeout_s "
+                f"({self.role.settings.request_timeout_s:g}s), or the server is stopping; send it again")
 
     def _sse(self, chunks: AsyncIterator[dict[str, Any]], job) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
@@ -272,9 +294,13 @@ class _Completions:
                     yield chunk([choice])
                 continue
             completions, error = rest
+            if isinstance(error, JobStopped):
+                yield {"error": {"message": self._stopped_message(), "type": "timeout", "param": None,
+                                 "code": None}}
+                return
             if error is not None:
-                kind = "timeout" if isinstance(error, JobStopped) else "server_error"
-                yield {"error": {"message": str(error), "type": kind}}
+                logger.error("serve: a streamed request failed in the engine", exc_info=error)
+                yield {"error": {"message": INTERNAL, "type": "server_error", "param": None, "code": None}}
                 return
             for i, completion in enumerate(completions):
                 yield chunk([dialect.chunk_choice(i, texts[i].finish(completion.text), [], [], _finish(completion))])
@@ -291,9 +317,16 @@ def create_app(role: ServeRole) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def openai_errors(_request, exc: HTTPException):  # OpenAI's error shape, which its client reads
-        body = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail)}
-        return JSONResponse(status_code=exc.status_code, content={"error": body, "detail": body},
-                            headers=exc.headers)
+        return http_error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def refused(request: Request, exc: RequestValidationError):
+        return refused_body(request.url.path, exc)
+
+    @app.exception_handler(Exception)
+    async def failed(_request, exc: Exception):  # the cause goes to the log, never to the client
+        logger.error("serve: a request failed", exc_info=exc)
+        return answer(500, {"message": INTERNAL, "type": "server_error", "param": None, "code": None})
 
     def authorized(authorization: str | None = Header(default=None)) -> None:
         if key is None:
@@ -318,7 +351,12 @@ def create_app(role: ServeRole) -> FastAPI:
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: ChatRequest):
-        prompt_ids = role.engine.prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
+        try:
+            prompt_ids = role.engine.prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
+        except Exception:  # noqa: BLE001 - the model's template refuses these messages (its own rules)
+            logger.info("serve: the chat template refused a request's messages", exc_info=True)
+            raise _error(400, "messages: the model's chat template does not accept these messages (their roles "
+                              "or order)", param="messages", code="invalid_value")
         return await completions.respond(request, prompt_ids, request.max_completion_tokens or request.max_tokens,
                                          _Chat(request))
 
@@ -330,11 +368,11 @@ def create_app(role: ServeRole) -> FastAPI:
     @app.post("/feedback", dependencies=[Depends(authorized)])
     def feedback(body: Feedback):
         try:
-            answer = role.feedback_desk.feedback(body.response_id, body.choice, body.reward,
-                                                 group_id=body.group_id, group_size=body.group_size,
-                                                 end_conversation=body.end_conversation)
+            given = role.feedback_desk.feedback(body.response_id, body.choice, body.reward,
+                                                group_id=body.group_id, group_size=body.group_size,
+                                                end_conversation=body.end_conversation)
         except FeedbackError as exc:
             raise _error(exc.status, str(exc))
-        return JSONResponse(status_code=answer.status, content=answer.body)
+        return JSONResponse(status_code=given.status, content=given.body)
 
     return app

@@ -4,6 +4,7 @@ to the writer; the writer, a role loop of its own, commits every feedback waitin
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -87,6 +88,9 @@ class FeedbackDesk:
     def feedback(self, response_id: str, choice: int, reward: float, *, group_id: str | None = None,
                  group_size: int | None = None, end_conversation: bool = False) -> Answer:
         """What ``POST /feedback`` answers (the module docstring); raises FeedbackError for a refusal."""
+        if not math.isfinite(reward):  # the HTTP body is checked already; this guards every other caller
+            self._refused()
+            raise FeedbackError(422, f"reward: {reward} is not a finite number")
         conversational = self.settings.grouping == "conversation"
         if end_conversation and not conversational:
             self._refused()
@@ -189,7 +193,7 @@ class FeedbackDesk:
                                      "(serve.feedback_timeout_s); send the feedback again: it is never written twice")
         if write.error is not None:
             self.c_feedback.labels("failed").inc()
-            raise FeedbackError(503, f"could not write {what} ({write.error}); send the feedback again")
+            raise FeedbackError(503, f"could not write {what} (the server's log says why); send the feedback again")
         self.c_feedback.labels("written").inc(len(write.experiences))
 
     def _experience(self, pending: Pending, reward: float, group: str, size: int,

@@ -266,6 +266,11 @@ class InferenceEngine(ABC):
     def eos_token_id(self) -> int:
         return self.tokenizer.eos_token_id
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a prompt may hold are below this: the tokenizer's ids, which the model's embeddings cover."""
+        return len(self.tokenizer)
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without BOS/EOS added (special-token strings inside are recognised)."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -63,3 +63,16 @@ class UnsafeShardNameError(WeightFormatError):
 
 class ManifestMismatchError(WeightFormatError):
     """The manifest describes another version (or lineage) than the one announced."""
+
+
+class StoreAccessError(PermissionError):
+    """The weight store refused this process's credentials (or their rights). The message names the store and
+    the server's reason, never a secret."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        super().__init__(
+            f"the weight store {url} refused access: {reason}. Check the credentials it is reached with "
+            "(for s3://: trainer.weights.s3.access_key_id and secret_access_key, or the AWS_* environment) and "
+            "that they may read and write under that URL"
+        )

@@ -56,6 +56,7 @@ from .errors import (
     UnsafeShardNameError,
     WeightFormatError,
 )
+from .store_access import guarded, store_access
 from .locations import (
     HEX256,
     MANIFEST_NAME,
@@ -233,7 +234,8 @@ class ObjectStore:
         self.lineage = check_lineage(lineage)
         self.keep_last = keep_last
         self.max_shard_bytes = max_shard_bytes
-        self.fs, self.root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = fsspec.core.url_to_fs(url, **self.storage_options)
 
     def _version_dir(self, version: int, lineage: str | None = None) -> str:
         name = version_dir_name(version, self.lineage if lineage is None else lineage)
@@ -260,6 +262,7 @@ class ObjectStore:
             raise
         return result
 
+    @guarded
     def publish(
         self,
         named_tensors: Iterable[tuple[str, torch.Tensor]],
@@ -341,16 +344,19 @@ class ObjectStore:
         except (OSError, ValueError, TypeError, AttributeError):
             return 0
 
+    @guarded
     def versions(self) -> list[int]:
         """Complete versions of this store's lineage (manifest present), oldest first."""
         return sorted(v for (lineage, v), path in self._version_dirs().items()
                       if lineage == self.lineage and self._is_complete(path))
 
+    @guarded
     def lineages_of(self, version: int) -> list[str]:
         """The lineages that hold a complete ``version``, oldest trainer first (:func:`new_lineage` order)."""
         return sorted(lineage for (lineage, v), path in self._version_dirs().items()
                       if v == version and self._is_complete(path))
 
+    @guarded
     def prune(self) -> list[str]:
         """Delete old version directories; returns the names deleted.
 
@@ -396,8 +402,9 @@ def read_manifest(
     it, and check it describes ``expected_version`` / ``expected_lineage`` when given (ManifestMismatchError)."""
     if not is_sha256(expected_sha256):
         raise ChecksumRequiredError(uri, expected_sha256)
-    fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
-    body = fs.cat_file(path)
+    with store_access(uri, storage_options):
+        fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        body = fs.cat_file(path)
     actual = hashlib.sha256(body).hexdigest()
     if actual != expected_sha256:
         raise ManifestIntegrityError(uri, expected_sha256, actual)
@@ -500,9 +507,15 @@ def iter_weights(
     if manifest is None:
         manifest = read_manifest(uri, expected_sha256, expected_version=expected_version,
                                  expected_lineage=expected_lineage, storage_options=storage_options)
+    with store_access(uri, storage_options):
+        yield from _iter_shards(uri, manifest, device, storage_options,
+                                prefetch if prefetch is not None else _io_threads())
+
+
+def _iter_shards(uri: str, manifest: Manifest, device: torch.device | str, storage_options: dict[str, Any] | None,
+                 prefetch: int) -> Iterator[tuple[str, torch.Tensor]]:
     fs, path = fsspec.core.url_to_fs(uri, **(storage_options or {}))
     directory = path.rpartition("/")[0]
-    prefetch = prefetch if prefetch is not None else _io_threads()
     pending: deque[tuple[ShardEntry, Future]] = deque()
     shards = iter(manifest.shards)
     with ThreadPoolExecutor(max_workers=max(1, prefetch)) as pool:

@@ -1,13 +1,13 @@
 """Workflows (task -> scored samples) and rewards, with registries open to plugins by entry point.
 
 Built in: workflows ``arithmetic``, ``math_boxed``; multi-turn environments (:mod:`.episode`) ``guess_number`` and
-``calculator`` (tool use, :mod:`.tools`); rewards ``exact_number``, ``boxed_match``, ``format``, ``format_boxed``
+``calculator`` (tool use, :mod:`.tools`); rewards ``exact_number``, ``boxed_match``, ``math_verify`` (:mod:`.math_verify`), ``format``, ``format_boxed``
 and ``judge`` (an LLM judge, :mod:`.judge`, on one of the run's auxiliary models, :mod:`.auxiliary`; a teacher's
 logprobs for on-policy distillation come from :mod:`.teacher`). The rollout worker runs tasks side by side on one engine in a :class:`WorkflowPool` (``scheduler``: continuous
 batching) and turns a :class:`WorkflowError` into a FAILED result; :func:`run_workflows` runs a list of tasks to
 the end that way.
 """
-from . import judge, rewards  # noqa: F401  (register the built-in rewards)
+from . import judge, math_verify, rewards  # noqa: F401  (register the built-in rewards)
 from .auxiliary import AuxiliaryModels, Teacher, UnknownAuxiliaryModel, WorkflowContext
 from . import arithmetic, calculator, guess_number  # noqa: F401  (register the built-in workflows and environments)
 from .base import (

@@ -100,34 +100,44 @@ def ensure_jars(version: str = "4.1.1", quiet: bool = False) -> Path:
     """Return ``kafka-<version>/lib``, resolving the jars with Maven first if they are not cached yet."""
     if not _VERSION_RE.match(version):
         raise BrokerError(f"broker.kafka_version {version!r} is not a version number such as 4.1.1")
-    home = kafka_home(version)
+    pom = resources.files(__package__).joinpath("pom.xml").read_text().replace("@KAFKA_VERSION@", version)
+    return resolve_maven_jars(kafka_home(version), pom, f"Apache Kafka {version}",
+                              setup_hint="`streamrft broker setup`, or point kafka.bootstrap_servers at an "
+                                         "existing Kafka cluster", quiet=quiet)
+
+
+def resolve_maven_jars(home: Path, pom: str, what: str, *, setup_hint: str, extra_args: tuple[str, ...] = (),
+                       quiet: bool = False) -> Path:
+    """Return ``home/lib``, first resolving the dependencies that ``pom`` (a packaging pom) declares into it
+    with ``mvn dependency:copy-dependencies``, unless the completion marker says they are there already.
+
+    ``what`` names the artifacts in messages; ``setup_hint`` says what the user runs to resolve them ahead of
+    time (or instead). Used for every Java server streamrft runs (the broker, s3proxy, ...), so each one's
+    cache is complete or absent the same way."""
     if (home / MARKER).exists():
         return home / "lib"
     mvn = shutil.which("mvn")
     if not mvn:
         raise BrokerError(
-            f"the Apache Kafka {version} jars are not in {home} yet, and resolving them needs Maven (`mvn`); "
-            "install it (e.g. `apt-get install maven`) and run `streamrft broker setup`, or point "
-            "kafka.bootstrap_servers at an existing Kafka cluster"
+            f"the {what} jars are not in {home} yet, and resolving them needs Maven (`mvn`); install it (e.g. "
+            f"`apt-get install maven`) and run {setup_hint}"
         )
     find_java()  # fail on a missing/old Java now rather than after the download
 
     home.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".kafka-{version}.", dir=home.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{home.name}.", dir=home.parent))
     try:
-        pom = resources.files(__package__).joinpath("pom.xml").read_text()
-        (staging / "pom.xml").write_text(pom.replace("@KAFKA_VERSION@", version))
+        (staging / "pom.xml").write_text(pom)
         cmd = [mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(staging / "pom.xml"), "dependency:copy-dependencies",
-               f"-DoutputDirectory={staging / 'lib'}", "-DincludeScope=runtime"]
-        logger.info("resolving Apache Kafka %s jars with Maven into %s (first run only)", version, home)
-        result = _run_with_status(cmd, f"Resolving Apache Kafka {version} jars with Maven (first run only)…", quiet)
+               f"-DoutputDirectory={staging / 'lib'}", "-DincludeScope=runtime", *extra_args]
+        logger.info("resolving the %s jars with Maven into %s (first run only)", what, home)
+        result = _run_with_status(cmd, f"Resolving the {what} jars with Maven (first run only)…", quiet)
         jars = list((staging / "lib").glob("*.jar"))
         if result.returncode != 0 or not jars:
             tail = "\n".join(result.stdout.strip().splitlines()[-15:])
             raise BrokerError(
-                f"Maven could not resolve org.apache.kafka:kafka_2.13:{version} (exit {result.returncode}); "
-                f"check the version exists and that Maven can reach its repository (proxy settings in "
-                f"~/.m2/settings.xml). Maven said:\n{tail}"
+                f"Maven could not resolve the {what} jars (exit {result.returncode}); check the version exists "
+                f"and that Maven can reach its repository (proxy settings in ~/.m2/settings.xml). Maven said:\n{tail}"
             )
         (staging / MARKER).write_text(f"{len(jars)} jars\n")
         os.chmod(staging, 0o755)  # mkdtemp made it private; the cache may be shared
@@ -139,7 +149,7 @@ def ensure_jars(version: str = "4.1.1", quiet: bool = False) -> Path:
                 shutil.rmtree(home, ignore_errors=True)
                 os.rename(staging, home)
             # else: a concurrent resolve won the race; its result is as good as ours.
-        logger.info("resolved %d jars for Apache Kafka %s", len(jars), version)
+        logger.info("resolved %d jars for %s", len(jars), what)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return home / "lib"

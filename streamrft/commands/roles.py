@@ -39,6 +39,9 @@ def register(subparsers) -> None:
     add_config_argument(monitor, positional=True)
     monitor.add_argument("--max-idle-s", type=float, default=None,
                          help="stop once no metric came for this long (default: run until stopped)")
+    monitor.add_argument("--prometheus-config", metavar="FILE", default=None,
+                         help="write a Prometheus scrape config for the run's roles' /metrics to FILE ('-': stdout) "
+                              "and exit, instead of running the monitor")
     monitor.set_defaults(func=run_monitor)
 
 
@@ -105,6 +108,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_monitor(args: argparse.Namespace) -> int:
+    if args.prometheus_config is not None:
+        return write_prometheus_config(args)
     from streamrft.consumers.monitor import Monitor
 
     def run(monitor) -> int:
@@ -112,3 +117,24 @@ def run_monitor(args: argparse.Namespace) -> int:
         return 0
 
     return _run_role(args, Monitor, run)
+
+
+def write_prometheus_config(args: argparse.Namespace) -> int:
+    """``--prometheus-config FILE``: the scrape config of :mod:`streamrft.scrape_config`, no cluster needed."""
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from ..scrape_config import scrape_config
+
+    config = config_from(args)
+    text = f"# Prometheus scrape config for run {config.name} (streamrft monitor --prometheus-config)\n"
+    text += yaml.safe_dump(scrape_config(config), sort_keys=False)
+    if args.prometheus_config == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.prometheus_config).write_text(text)
+        logger.info("monitor: scrape config written to %s (prometheus --config.file=%s)", args.prometheus_config,
+                    args.prometheus_config)
+    return 0

@@ -7,8 +7,9 @@
 4. start the explorer, the trainer, the monitor and N rollout workers, each as its own process (the roles of the
    run's shape, ``streamrft/run_shape.py``: in ``mode: train`` the trainer and the monitor only; in ``explore``
    no trainer);
-5. show the live dashboard until the explorer and trainer finish; a role that dies stops the run with its
-   traceback; Ctrl-C stops every role cleanly and leaves a run that `--resume` continues.
+5. show the live dashboard until the explorer and trainer finish; a role that crashes is started again after a
+   back-off, and a crash loop stops the run with the role's log tail (``launch.restart``,
+   ``streamrft/launch/supervisor.py``); Ctrl-C stops every role cleanly and leaves a run that `--resume` continues.
 """
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ from ..errors import StreamrftError
 from ..kafka import KafkaClients, unanswered
 from ..launch.dashboard import MetricsFollower, group_lags, render, sync_line
 from ..launch.processes import RoleProcess, stop_all
+from ..launch.supervisor import Supervisor
 from ..lifecycle import StopSignal
+from ..registry.for_run import REGISTRY_URL_ENV, registry_for
 from ..sync import SyncView
 from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
 from streamrft.producers.task_producer import produce_tasks
@@ -50,7 +53,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     run_dir = config.output_dir
-    with _cluster(config, run_dir, args.resume) as cluster:  # 1.
+    with _cluster(config, run_dir, args.resume) as cluster, registry_for(cluster.config, console) as on_registry:  # 1.
+        cluster.config = on_registry  # schema_registry.url: embedded becomes the started registry's address
         clients = KafkaClients(cluster.config, cluster.config.kafka.bootstrap_servers)
         if cluster.config.kafka.authenticated:
             clients.check_credentials()
@@ -61,7 +65,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             _produce_task_files(config, clients)  # 3.
             _produce_data_files(config, clients)
-        processes = _role_processes(config, args, cluster.config.kafka.bootstrap_servers, run_dir, credentials)  # 4.
+        registry = cluster.config.schema_registry.url if config.schema_registry.embedded else ""
+        processes = _role_processes(config, args, cluster.config.kafka.bootstrap_servers, run_dir, credentials,
+                                    registry)  # 4.
         try:
             return _supervise(config, clients, processes, run_dir, not args.no_dashboard)  # 5.
         finally:
@@ -180,21 +186,24 @@ def _produce_data_files(config: RunConfig, clients: KafkaClients) -> None:
 SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def role_environment(bootstrap: str) -> dict[str, str]:
-    """What every role process gets on top of this process's environment."""
+def role_environment(bootstrap: str, registry_url: str = "") -> dict[str, str]:
+    """What every role process gets on top of this process's environment (``registry_url``: the embedded
+    registry's address, which the config's ``embedded`` stands for)."""
     env = {k: v for k, v in SHARED_CORES_ENV.items() if k not in os.environ}
     env["STREAMRFT_KAFKA__BOOTSTRAP_SERVERS"] = bootstrap
+    if registry_url:
+        env[REGISTRY_URL_ENV] = registry_url
     return env
 
 
 def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path,
-                    credentials: dict[str, Path]) -> list[RoleProcess]:
+                    credentials: dict[str, Path], registry_url: str = "") -> list[RoleProcess]:
     logs = run_dir / "logs"
 
     def env(role: str, **extra: str) -> dict[str, str]:
         """The role's environment; with per-role principals, its own credentials file (not the password)."""
         principal = {"STREAMRFT_KAFKA__CREDENTIALS_FILE": str(credentials[role])} if role in credentials else {}
-        return {**role_environment(bootstrap), **principal, **extra}
+        return {**role_environment(bootstrap, registry_url), **principal, **extra}
 
     roles = config.shape.roles
     processes = []
@@ -218,6 +227,7 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
 def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RoleProcess], run_dir: Path,
                dashboard: bool) -> int:
     by_name = {p.name: p for p in processes}
+    supervisor = Supervisor(processes, config.launch.restart)
     follower = MetricsFollower(clients)
     explorer = SyncView(clients, client_id="dashboard-sync")  # the explorer's state: steps in flight, waits
     started = time.monotonic()
@@ -225,6 +235,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
     reported: set[int] = set()
     last_refresh = 0.0
     outcome = 0
+    crash_loop = None
     with StopSignal() as stop, (Live(console=console, refresh_per_second=2) if dashboard else nullcontext()) as live:
         while True:
             follower.poll()
@@ -237,11 +248,11 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
                                        max_steps=config.explorer.max_steps, sync=sync_line(config, explorer.explorer)))
                 else:
                     _log_new_steps(follower, reported)
-            failed = [p for p in processes if p.returncode not in (None, 0)]
             if stop.requested:
                 outcome = 130
                 break
-            if failed:
+            crash_loop = supervisor.check()
+            if crash_loop is not None:
                 outcome = 1
                 break
             if all(by_name[name].returncode == 0 for name in ("explorer", "trainer") if name in by_name):
@@ -249,10 +260,10 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
             time.sleep(0.2)
     follower.close()
     explorer.close()
-    if outcome == 1:
-        for process in failed:
-            console.print(f"[red]{process.name} exited with {process.returncode}[/]; its log "
-                          f"({process.log_path}) ends with:\n{process.log_tail()}")
+    if crash_loop is not None:
+        console.print(crash_loop, markup=False, highlight=False, style="red")
+    if supervisor.restarts():
+        console.print("restarts: " + ", ".join(f"{name} {n}" for name, n in sorted(supervisor.restarts().items())))
     with console.status("stopping the roles"):
         time.sleep(2 if outcome == 0 else 0)  # let the monitor drain the last metrics
         stop_all(processes)

@@ -12,9 +12,6 @@ from .roles import _run_role
 
 logger = logging.getLogger(__name__)
 
-KEEP_ALIVE_S = 75  # seconds an idle client connection is kept (above serving.MAX_RETRY_AFTER_S)
-
-
 def register(subparsers) -> None:
     serve = subparsers.add_parser("serve", help="serve the run's model over an OpenAI-compatible HTTP API and "
                                                 "learn from feedback on its answers")
@@ -31,7 +28,12 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise ConfigError(f"streamrft serve needs FastAPI and uvicorn ({exc.name} is missing): "
                           "pip install 'streamrft[serve]'") from None
+    from streamrft.consumers.serve.http_server import check_exposure
     from streamrft.consumers.serve.role import ServeRole
+
+    def build(config, clients, stop) -> ServeRole:
+        check_exposure(args.host or config.serve.host, config.serve)  # before the engine loads, not after
+        return ServeRole(config, clients, stop).start()
 
     def run(role: ServeRole) -> int:
         server = http_server(role, host=args.host, port=args.port)
@@ -40,22 +42,14 @@ def run_serve(args: argparse.Namespace) -> int:
         server.run()
         return 0
 
-    return _run_role(args, lambda config, clients, stop: ServeRole(config, clients, stop).start(), run)
+    return _run_role(args, build, run)
 
 
 def http_server(role, *, host: str | None = None, port: int | None = None):
-    """A uvicorn server for ``role`` (not started)."""
-    import uvicorn
+    """A uvicorn server for ``role`` (not started; see :mod:`streamrft.consumers.serve.http_server`)."""
+    from streamrft.consumers.serve.http_server import http_server as guarded
 
-    from streamrft.consumers.serve.app import create_app
-
-    settings = role.settings
-    # keep-alive longer than any Retry-After the server gives (serve.app): a client that waits it out and sends
-    # on its pooled connection must not find the server closing it at that moment (uvicorn's default is 5 s)
-    config = uvicorn.Config(create_app(role), host=host or settings.host,
-                            port=settings.port if port is None else port, log_level="warning",
-                            access_log=False, timeout_keep_alive=KEEP_ALIVE_S)
-    return uvicorn.Server(config)
+    return guarded(role, host=host, port=port)
 
 
 def _stop_on_request(role, server) -> None:

@@ -10,6 +10,7 @@ from .base import Section
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER", "GSSAPI"]
+EMBEDDED_REGISTRY = "embedded"  # schema_registry.url that starts the embedded registry
 
 
 class KafkaConfig(Section):
@@ -92,17 +93,33 @@ class SchemaRegistryConfig(Section):
     url: str = ""
     basic_auth_user_info: SecretStr | None = None
     auto_register_schemas: bool = True
+    embedded_version: str = Field(default="3.0.9", pattern=r"^[0-9][0-9A-Za-z.\-]*$",
+                                  description="url: embedded: the Apicurio Registry release to run (3.0.x runs on "
+                                              "Java 17; later ones need Java 21)")
+    embedded_heap: str = Field(default="256m", pattern=r"^[0-9]+[kKmMgG]$",
+                               description="url: embedded: the registry JVM's -Xmx")
+    embedded_start_timeout_s: float = Field(default=120.0, gt=0, le=600,
+                                            description="url: embedded: seconds to wait for the registry to answer")
+    compatibility: Literal["BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FULL", "NONE"] = Field(
+        default="BACKWARD", description="url: embedded: the global compatibility rule set on start; a producer "
+                                        "registering a schema that breaks it is refused")
 
     @property
     def enabled(self) -> bool:
         return bool(self.url.strip())
 
+    @property
+    def embedded(self) -> bool:
+        """``url: embedded``: `streamrft run` starts a registry on loopback and hands the roles its address."""
+        return self.url.strip() == EMBEDDED_REGISTRY
+
     @field_validator("url")
     @classmethod
     def _http(cls, value: str) -> str:
-        if value and not re.match(r"^(https?|mock)://", value):
+        if value and value.strip() != EMBEDDED_REGISTRY and not re.match(r"^(https?|mock)://", value):
             raise ValueError(
-                "schema_registry.url must start with http:// or https:// (mock:// for tests; empty for none)"
+                "schema_registry.url must start with http:// or https://, or be `embedded` (a registry started on "
+                "loopback by `streamrft run`); mock:// for tests; empty for none"
             )
         return value
 

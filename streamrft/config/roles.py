@@ -10,7 +10,10 @@ from streamrft.engines.settings.lora import LoraSettings
 from streamrft.engines.settings.training import AlgorithmSettings, OptimizerSettings
 
 from .base import Section
+from .object_store import S3Config, check_s3_store, is_s3_url
+from .supervision import RestartConfig
 from .tasksets import TasksetConfig, check_tasksets
+from .trackers import MlflowTrackerConfig, TrackerName, WandbTrackerConfig
 
 
 class ModelConfig(Section):
@@ -82,6 +85,8 @@ class LaunchConfig(Section):
     rollout_metrics_port_base: int = Field(default=9110, ge=0,
                                            description="worker i exposes Prometheus on base + i (0 = any)")
     dashboard_refresh_s: float = Field(default=2.0, gt=0)
+    restart: RestartConfig = Field(default=RestartConfig(), description="restarting a role process that dies: "
+                                   "back-off and the crash-loop limit (streamrft/config/supervision.py)")
 
 
 class SelectorConfig(Section):
@@ -207,6 +212,8 @@ class AlgorithmConfig(AlgorithmSettings, Section):
 class WeightSyncConfig(Section):
     method: Literal["object_store", "collective"] = "object_store"
     url: str = Field(default="", description="fsspec URL for object_store; empty = <checkpoint_dir>/weights")
+    s3: S3Config = Field(default=S3Config(), description="url s3://...: the endpoint, region and access key "
+                                                         "every role reaches the store with")
     keep_last: int = Field(default=3, ge=1)
     shard_mb: int = Field(default=512, ge=1)
     bucket_mb: int = Field(default=64, ge=1, description="collective: broadcast bucket size")
@@ -230,6 +237,15 @@ class WeightSyncConfig(Section):
         default="object_store",
         description="collective: also publish every version to the object store (url), where a worker that "
                     "missed a broadcast or joined late loads it; none = it waits for the next broadcast")
+
+    @model_validator(mode="after")
+    def _s3_store(self) -> "WeightSyncConfig":
+        check_s3_store(self.url, self.s3)
+        return self
+
+    def storage_options(self) -> dict:
+        """fsspec storage options of the weight store (the s3 settings for an s3:// url, else none)."""
+        return self.s3.storage_options() if is_s3_url(self.url) else {}
 
 
 class MixConfig(Section):
@@ -303,8 +319,26 @@ class TrainerConfig(OptimizerSettings, Section):
 
 class MonitorConfig(Section):
     output_dir: str = "runs/{name}"
-    tensorboard: bool = True
+    tensorboard: bool = Field(default=True, description="false turns TensorBoard off even when trackers lists it "
+                                                        "(the switch of configs older than trackers)")
     metrics_port: int | None = 9100
+    trackers: tuple[TrackerName, ...] = Field(
+        default=("tensorboard",),
+        description="experiment trackers that get every metric, the run's config and the eval table: tensorboard "
+                    "(<output_dir>/tensorboard), mlflow (monitor.mlflow), wandb (offline, monitor.wandb)")
+    mlflow: MlflowTrackerConfig = Field(default=MlflowTrackerConfig(), description="the mlflow tracker")
+    wandb: WandbTrackerConfig = Field(default=WandbTrackerConfig(), description="the wandb tracker")
+
+    @field_validator("trackers")
+    @classmethod
+    def _distinct(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"lists a tracker twice ({list(value)}); name each once")
+        return value
+
+    @property
+    def active_trackers(self) -> tuple[str, ...]:
+        return tuple(t for t in self.trackers if t != "tensorboard" or self.tensorboard)
 
 
 class ServeConfig(Section):
@@ -348,3 +382,21 @@ class ServeConfig(Section):
     feedback_timeout_s: float = Field(default=90.0, gt=0,
                                       description="how long a /feedback waits for its experience to be committed "
                                                   "before it answers 503 (send it again: it is never written twice)")
+    tls_cert: str | None = Field(default=None, min_length=1,
+                                 description="PEM certificate file: the server speaks HTTPS (with serve.tls_key)")
+    tls_key: str | None = Field(default=None, min_length=1, description="PEM private key file of serve.tls_cert")
+    header_timeout_s: float = Field(default=10.0, gt=0, le=600,
+                                    description="a client has this long from a request's first byte to its last "
+                                                "header; then 408 and the connection is closed (slow clients "
+                                                "cannot hold sockets)")
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600,
+                                  description="a client has this long from a request's headers to the end of its "
+                                              "body; then 408 and the connection is closed")
+    max_connections: int = Field(default=1024, ge=1, le=1_000_000,
+                                 description="connections and requests the HTTP server holds at once; beyond: 503")
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> "ServeConfig":
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("serve.tls_cert and serve.tls_key go together: set both (HTTPS) or neither (HTTP)")
+        return self

@@ -6,8 +6,13 @@ What a run gets (``kubernetes`` section of the config for the cluster-side names
   ``STREAMRFT_*`` variables, secrets from the Secret named by ``kubernetes.secret`` (never in the manifests);
 * a Strimzi ``KafkaTopic`` for each of the run's topics and dead-letter topics, partitions and topic configs from
   ``topics`` (the roles' own ``ensure_topics`` then finds them in place);
-* the explorer and the monitor as one-replica Deployments (``Recreate``: never two explorers of one run), the
-  trainer as a Job with ``trainer_gpus`` GPUs (``OnFailure``: a restarted trainer resumes from its checkpoint);
+* the roles restarted as ``streamrft run`` restarts them (``launch.restart``): after a failure, never after a clean
+  end. The explorer and the trainer end their work (exit 0), so each is a one-pod Job (``OnFailure``: a restarted
+  explorer resumes from its state record, a restarted trainer from its checkpoint; ``podReplacementPolicy:
+  Failed``: never two explorers of one run); the monitor and the rollout workers run until stopped, so they are
+  Deployments (``Always``). The trainer has ``trainer_gpus`` GPUs. A role with a ``metrics_port`` is probed on its
+  ``/metrics`` endpoint: a startup probe that allows for loading the model, then liveness (restart it) and
+  readiness;
 * the rollout workers as a Deployment scaled by a KEDA ``ScaledObject`` on the ``<run>.rollout`` group's lag on
   ``rollouts`` (``lagThreshold`` = ``kubernetes.rollout_lag_threshold``; at most the topic's partitions, since a
   worker beyond them gets no partition);
@@ -35,6 +40,8 @@ CONFIG_PATH = "/config/run.yaml"
 STRIMZI = "kafka.strimzi.io/v1beta2"
 # role (also the name of its config section) -> the streamrft command that runs it
 ROLES = {"explorer": "explorer", "rollout": "rollout", "trainer": "train", "monitor": "monitor"}
+# the roles whose clean exit (0) means their work is done: restarted only after a failure, as `streamrft run` does
+ENDS_ITS_WORK = ("explorer", "trainer")
 # the roles that get a KafkaUser: the deployed ones, task producers, and a read-only viewer (Kafka UI)
 ACL_ROLES = ("explorer", "rollout", "trainer", "monitor", "tasks", "viewer")
 
@@ -159,10 +166,20 @@ def _container(config: RunConfig, role: str) -> dict[str, Any]:
     port = _metrics_port(config, role)
     if port is not None:
         container["ports"] = [{"name": "metrics", "containerPort": port}]
+        container.update(_probes())
     gpus = {"trainer": k8s.trainer_gpus, "rollout": k8s.rollout_gpus}.get(role, 0)
     if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
     return container
+
+
+def _probes() -> dict[str, Any]:
+    """The role's ``/metrics`` endpoint as its probes: up within 10 minutes (a model to load), then restarted
+    after a minute without an answer, and out of its Service while it does not answer."""
+    metrics = {"httpGet": {"path": "/metrics", "port": "metrics"}, "timeoutSeconds": 5}
+    return {"startupProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 60},
+            "livenessProbe": {**metrics, "periodSeconds": 20, "failureThreshold": 3},
+            "readinessProbe": {**metrics, "periodSeconds": 10, "failureThreshold": 3}}
 
 
 def _pod(config: RunConfig, role: str, restart: str) -> dict[str, Any]:
@@ -186,10 +203,11 @@ def _pod(config: RunConfig, role: str, restart: str) -> dict[str, Any]:
 
 def _workload(config: RunConfig, role: str) -> dict[str, Any]:
     name = resource_name(config, role)
-    if role == "trainer":
+    if role in ENDS_ITS_WORK:
         return {"apiVersion": "batch/v1", "kind": "Job",
                 "metadata": {"name": name, "labels": _labels(config, role)},
-                "spec": {"backoffLimit": 10, "template": _pod(config, role, "OnFailure")}}
+                "spec": {"backoffLimit": 10, "parallelism": 1, "completions": 1, "podReplacementPolicy": "Failed",
+                         "template": _pod(config, role, "OnFailure")}}
     replicas = config.kubernetes.rollout_min_replicas if role == "rollout" else 1
     strategy = {"type": "RollingUpdate"} if role == "rollout" else {"type": "Recreate"}
     return {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -10,6 +10,7 @@ from typing import TypeVar
 from streamrft.schemas import DecodeError, Record, SingleObjectCodec, framing_of, schema_json
 from streamrft.schemas.records import RECORD_TYPES
 from ..config import SchemaRegistryConfig
+from ..errors import ConfigError, SchemaIncompatibleError
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
@@ -36,7 +37,22 @@ class Serde:
         from confluent_kafka.serialization import MessageField, SerializationContext
 
         serializer = self._serializer(record.schema_name)
-        return serializer(record, SerializationContext(topic, MessageField.VALUE))
+        context = SerializationContext(topic, MessageField.VALUE)
+        try:
+            return serializer(record, context)
+        except Exception as exc:
+            if getattr(exc, "http_status_code", None) == 409:  # the registry's answer to an incompatible schema
+                raise self._incompatible(record.schema_name, f"{topic}-value", exc) from exc
+            raise
+
+    def _incompatible(self, name: str, subject: str, exc: Exception) -> SchemaIncompatibleError:
+        reason = getattr(exc, "error_message", None) or str(exc)
+        return SchemaIncompatibleError(
+            f"the schema registry at {self.registry.url} refused the {name} schema for subject {subject!r}: it "
+            f"breaks the subject's compatibility rule ({reason}). Make the change to schemas/{name}.avsc "
+            "backward compatible (give every new field a default, keep the types of the fields that stay), or "
+            "write to a new run (its topics, and so its subjects, are new); to replace the contract on purpose, "
+            f"delete the subject (DELETE {self.registry.url}/subjects/{subject})")
 
     # -- decoding -------------------------------------------------------------------------------------------
     def decode(self, data: bytes | None, topic: str, expected: type[R] | None = None) -> R:
@@ -58,7 +74,7 @@ class Serde:
 
         try:
             return self._deserializer(expected.schema_name)(data, SerializationContext(topic, MessageField.VALUE))
-        except DecodeError:
+        except (DecodeError, ConfigError):  # a misconfigured reader is no bad record: nothing to dead-letter
             raise
         except Exception as exc:  # registry lookups and Avro errors arrive as assorted exception types
             raise DecodeError(f"Confluent-framed {expected.schema_name} could not be decoded: {exc}") from exc
@@ -68,6 +84,11 @@ class Serde:
         if self._client is None:
             from confluent_kafka.schema_registry import SchemaRegistryClient
 
+            if self.registry.embedded:
+                raise ConfigError(
+                    "schema_registry.url is `embedded`, which `streamrft run` replaces with the address of the "
+                    "registry it starts; a command or role started on its own needs that address: set "
+                    "STREAMRFT_SCHEMA_REGISTRY__URL (or schema_registry.url) to the registry's http:// URL")
             conf = {"url": self.registry.url}
             if self.registry.basic_auth_user_info is not None:
                 conf["basic.auth.user.info"] = self.registry.basic_auth_user_info.get_secret_value()

@@ -1,6 +1,6 @@
 """The live terminal view of ``streamrft run``: progress (steps done of the total, elapsed, ETA), recent steps
 (reward, accuracy, weights version, staleness, time), the latest eval round per taskset, the sync style, the
-trainer's latest figures, consumer-group lag, throughput and the role processes."""
+trainer's latest figures, consumer-group lag, throughput and the role processes with their restarts."""
 from __future__ import annotations
 
 import time
@@ -13,6 +13,8 @@ from rich.table import Table
 from ..kafka import KafkaClients
 from streamrft.pacing import Pacing
 from streamrft.schemas import Metric
+
+from .supervision import describe_exit
 
 ROWS = 12
 
@@ -122,11 +124,23 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     for group, lag in sorted(lags.items()):
         side.add_row(f"lag {group}", str(lag))
     for process in processes:
-        state = "running" if process.running else f"exited {process.returncode}"
-        side.add_row(process.name, state)
+        side.add_row(process.name, role_state(process))
     elapsed = time.monotonic() - started
     return Panel(Group(steps, side), title=f"streamrft run {run} — {elapsed / 60:.1f} min",
                  subtitle="Ctrl-C stops every role and leaves a resumable run")
+
+
+def role_state(process, now: float | None = None) -> str:
+    """``running, restarts: 1``; ``killed by SIGKILL (-9), restarting in 2s, restarts: 1``; ``exited 0, ...``."""
+    waiting = getattr(process, "restart_at", None)
+    if process.running:
+        state = "running"
+    elif waiting is not None:
+        left = max(waiting - (time.monotonic() if now is None else now), 0)
+        state = f"{describe_exit(process.returncode)}, restarting in {left:.0f}s"
+    else:
+        state = f"exited {process.returncode}"
+    return f"{state}, restarts: {getattr(process, 'restarts', 0)}"
 
 
 def sync_line(config, state=None) -> str:

@@ -24,6 +24,8 @@ class RoleProcess:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
+    restarts: int = 0  # by the launcher's supervisor (supervisor.py), after crashes
+    restart_at: float | None = None  # monotonic time of a restart that is waiting out its back-off
 
     def start(self) -> "RoleProcess":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,6 +54,13 @@ class RoleProcess:
     def kill(self) -> None:
         if self.running:
             self.proc.kill()
+
+    def note_in_log(self, line: str) -> None:
+        """A line of the launcher's in the role's log, so that a reader sees where one process ends and the next
+        begins."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a") as log:
+            log.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} {line} ----\n")
 
     def log_tail(self, lines: int = 40) -> str:
         try:

@@ -76,6 +76,7 @@ class WeightFollower:
                        if self.lora is not None else None)
         self.method = _METHODS[weights.method]
         self.store_url = config.weights_url
+        self.storage_options = weights.storage_options()  # the trainer's store, reached as the trainer reaches it
         self.collective_host = weights.collective_host
         self.collective_port = weights.collective_port
         self.receiver_timeout_s = weights.receiver_timeout_s
@@ -212,10 +213,10 @@ class WeightFollower:
 
     def _fetch_object_store(self, signal: SyncSignal):
         manifest = read_manifest(signal.uri, signal.sha256, expected_version=signal.version,
-                                 expected_lineage=signal.lineage)
+                                 expected_lineage=signal.lineage, storage_options=self.storage_options)
         self._check_payload(manifest.metadata)
         self._check_engine({name: entry.shape for name, entry in manifest.tensors.items()})  # before the download
-        return load_weights(signal.uri, signal.sha256, manifest=manifest)
+        return load_weights(signal.uri, signal.sha256, manifest=manifest, storage_options=self.storage_options)
 
     def _fetch_broadcast(self, signal: SyncSignal):
         """The broadcast copy when this worker's receiver was in the group that carried it; else the catch-up

@@ -30,7 +30,7 @@ class ObjectStorePublisher:
         w = config.trainer.weights
         self.lineage = new_lineage()
         self.store = ObjectStore(config.weights_url, lineage=self.lineage, keep_last=w.keep_last,
-                                 max_shard_bytes=w.shard_mb << 20)
+                                 max_shard_bytes=w.shard_mb << 20, storage_options=w.storage_options())
         self.source = source
 
     def announcement(self) -> SyncSignal | None:
@@ -65,7 +65,8 @@ class CollectivePublisher:
                                     port=w.collective_port + 1 if w.collective_port else 0,
                                     group_port=w.collective_port, timeout_s=w.receiver_timeout_s)
         self.catch_up = (ObjectStore(config.weights_url, lineage=self.lineage, keep_last=w.keep_last,
-                                     max_shard_bytes=w.shard_mb << 20) if w.catch_up == "object_store" else None)
+                                     max_shard_bytes=w.shard_mb << 20, storage_options=w.storage_options())
+                         if w.catch_up == "object_store" else None)
         self.last_delivery: Delivery | None = None
         self._first = True
 

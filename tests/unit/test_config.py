@@ -97,6 +97,10 @@ def test_schema_registry_url_is_checked():
     with pytest.raises(ConfigError, match="schema_registry.url"):
         load_config(overrides={"schema_registry": {"url": "registry:8081"}}, env={})
     assert load_config(overrides={"schema_registry": {"url": "http://registry:8081"}}, env={}).schema_registry.enabled
+    embedded = load_config(overrides={"schema_registry": {"url": "embedded"}}, env={}).schema_registry
+    assert embedded.enabled and embedded.embedded and embedded.compatibility == "BACKWARD"
+    with pytest.raises(ConfigError, match="embedded_heap"):
+        load_config(overrides={"schema_registry": {"url": "embedded", "embedded_heap": "lots"}}, env={})
 
 
 def test_trainer_mixed_precision_reaches_the_engine_and_bad_values_are_named():

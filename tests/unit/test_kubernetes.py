@@ -105,8 +105,8 @@ def test_gpus_trainer_job_and_single_explorer(manifests, config):
     trainer = jobs["demo-trainer"]["spec"]["template"]["spec"]
     assert trainer["restartPolicy"] == "OnFailure"
     assert trainer["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == config.kubernetes.trainer_gpus
-    assert deployments["demo-explorer"]["spec"]["replicas"] == 1
-    assert deployments["demo-explorer"]["spec"]["strategy"]["type"] == "Recreate"
+    explorer = jobs["demo-explorer"]["spec"]
+    assert (explorer["parallelism"], explorer["completions"], explorer["podReplacementPolicy"]) == (1, 1, "Failed")
     rollout = deployments["demo-rollout"]["spec"]
     assert rollout["selector"]["matchLabels"].items() <= rollout["template"]["metadata"]["labels"].items()
     assert rollout["template"]["spec"]["initContainers"][0]["command"] == ["streamrft", "model", "prepare",
@@ -128,6 +128,28 @@ def test_services_and_monitors_reach_each_roles_metrics_port(manifests, config):
         monitor = monitors[f"demo-{role}"]
         assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
         assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+
+def test_roles_restart_on_failure_as_streamrft_run_does_and_are_probed_on_their_metrics(manifests, config):
+    """launch.restart's rule: a role that ends its work (explorer, trainer: exit 0) is restarted only after a
+    failure; one that runs until stopped (monitor, rollout workers) always. The /metrics endpoint is the probe."""
+    policies = {w["metadata"]["name"]: (w["kind"], pod["restartPolicy"]) for w, pod in _pod_specs(manifests)}
+    assert policies == {"demo-explorer": ("Job", "OnFailure"), "demo-trainer": ("Job", "OnFailure"),
+                        "demo-monitor": ("Deployment", "Always"), "demo-rollout": ("Deployment", "Always")}
+    for workload, pod in _pod_specs(manifests):
+        (container,) = pod["containers"]
+        assert container["ports"] == [{"name": "metrics", "containerPort": container["ports"][0]["containerPort"]}]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert container[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}, (workload, probe)
+        # the model loads before the endpoint answers: minutes of start-up, then a minute of silence restarts it
+        startup, liveness = container["startupProbe"], container["livenessProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
+        assert liveness["periodSeconds"] * liveness["failureThreshold"] <= 120
+    # a role without an endpoint gets no probe that could never pass
+    silent = config.model_copy(update={"monitor": config.monitor.model_copy(update={"metrics_port": None})})
+    monitor = next(pod for w, pod in _pod_specs(render(silent, (K8S / "run.yaml").read_text()))
+                   if w["metadata"]["name"] == "demo-monitor")
+    assert not {"startupProbe", "livenessProbe", "readinessProbe"} & monitor["containers"][0].keys()
 
 
 def test_keda_scales_the_rollout_workers_on_their_groups_lag(manifests, config):
@@ -171,7 +193,7 @@ def test_train_mode_deploys_the_trainer_alone(config):
 def test_explore_mode_deploys_no_trainer(config):
     explore = config.model_copy(update={"mode": "explore"})
     kinds = {(m["kind"], m["metadata"]["name"]) for m in render(explore, (K8S / "run.yaml").read_text())}
-    assert ("Job", "demo-trainer") not in kinds and ("Deployment", "demo-explorer") in kinds
+    assert ("Job", "demo-trainer") not in kinds and ("Job", "demo-explorer") in kinds
 
 
 def test_every_role_has_a_kafka_user_with_exactly_the_acls_streamrft_derives(manifests, config):

@@ -1,0 +1,128 @@
+"""Serve mode's error answers, in OpenAI's shape (``{"error": {message, type, param, code}}``, which its clients
+read; the same object under ``detail`` for clients of FastAPI's shape). A refused request body names the field
+and what the field allows, described from the request model's JSON schema, so the answer follows the model.
+Answers never carry exception text: what failed inside is in the server's log."""
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from .api_models import REQUEST_MODELS
+
+INTERNAL = "the server failed this request; its log has the cause"
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+          param: str | None = None, headers: dict[str, str] | None = None) -> HTTPException:
+    return HTTPException(status, detail={"message": message, "type": kind, "param": param, "code": code},
+                         headers=headers)
+
+
+def answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": body, "detail": body}, headers=headers)
+
+
+def http_error(exc: HTTPException) -> JSONResponse:
+    body = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail), "type":
+                                                           "invalid_request_error", "param": None, "code": None}
+    return answer(exc.status_code, body, exc.headers)
+
+
+def refused_body(path: str, exc: RequestValidationError) -> JSONResponse:
+    """400 on OpenAI's routes (their status for an invalid value), 422 on ``/feedback``: the first refused
+    field, what it allows and (cut short) what came."""
+    errors = list(exc.errors())
+    # a value refused by every variant of a union gets an error per variant: the one that went deepest, and
+    # then one that names a limit (not "should be a string"), is about the variant the client meant
+    first = max(errors, key=lambda e: (len(e["loc"]), not e["type"].endswith("_type"))) if errors else None
+    model = REQUEST_MODELS.get(path)
+    status = 400 if path.startswith("/v1/") else 422
+    if first is None:
+        return answer(status, {"message": "the request body is invalid", "type": "invalid_request_error",
+                               "param": None, "code": "invalid_value"})
+    loc = [p for p in first["loc"] if p != "body"]
+    param, schema = _follow(model, loc) if model is not None else (None, None)
+    message = f"{param}: {first['msg']}" if param else first["msg"]
+    if first["type"] not in ("json_invalid", "missing") and "input" in first:
+        message += f" (got {_short(first['input'])})"
+    if schema is not None:
+        message += f"; allowed: {describe(schema)}"
+    return answer(status, {"message": message, "type": "invalid_request_error", "param": param,
+                           "code": first["type"]})
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _follow(model: type[BaseModel], loc: list) -> tuple[str | None, dict | None]:
+    """The dotted name of the field at ``loc`` (a validation error's location, less pydantic's union tags) and
+    its JSON schema."""
+    root = _schema(model)
+    defs = root.get("$defs", {})
+    node, param = root, ""
+    for part in loc:
+        node = _resolve(node, defs)
+        if isinstance(part, int):
+            array = next((v for v in _variants(node, defs) if v.get("type") == "array"), None)
+            if array is None:
+                return param or None, None
+            node, param = array.get("items", {}), f"{param}[{part}]"
+            continue
+        owner = next((v for v in _variants(node, defs) if part in v.get("properties", {})), None)
+        if owner is not None:
+            node, param = owner["properties"][part], f"{param}.{part}" if param else str(part)
+        else:  # a union tag ("str", "list[int]"): the variant of that type
+            wanted = "array" if part.startswith("list") else "string" if "str" in part else None
+            node = next((v for v in _variants(node, defs) if v.get("type") == wanted), node)
+    return param or None, _resolve(node, defs)
+
+
+@cache
+def _schema(model: type[BaseModel]) -> dict:  # ~10 ms to build: once per model, not per refusal
+    return model.model_json_schema()
+
+
+def _resolve(node: dict, defs: dict) -> dict:
+    while "$ref" in node:
+        node = defs[node["$ref"].rsplit("/", 1)[-1]]
+    return node
+
+
+def _variants(node: dict, defs: dict) -> list[dict]:
+    if "anyOf" not in node:
+        return [node]
+    return [v for variant in node["anyOf"] for v in _variants(_resolve(variant, defs), defs)]
+
+
+def describe(node: dict) -> str:
+    """What a JSON schema allows, in words: ``a number in [0, 2]``, ``a string of at most 200 characters``."""
+    if "anyOf" in node:
+        kinds = [describe(v) for v in node["anyOf"] if v.get("type") != "null"]
+        return " or ".join(kinds) + (" or null" if len(kinds) < len(node["anyOf"]) else "")
+    if "enum" in node or "const" in node:
+        return "one of " + ", ".join(repr(v) for v in node.get("enum", [node.get("const")]))
+    kind = node.get("type")
+    if kind in ("integer", "number"):
+        low = ("[", node["minimum"]) if "minimum" in node else ("(", node.get("exclusiveMinimum", "-inf"))
+        high = (node["maximum"], "]") if "maximum" in node else (node.get("exclusiveMaximum", "inf"), ")")
+        what = "an integer" if kind == "integer" else "a finite number"
+        return f"{what} in {low[0]}{low[1]}, {high[0]}{high[1]}"
+    if kind == "string":
+        pattern = f" matching {node['pattern']}" if "pattern" in node else ""
+        return f"a string of {node.get('minLength', 0)} to {node.get('maxLength', 'any number of')} " \
+               f"characters{pattern}"
+    if kind == "array":
+        items = describe(node["items"]) if "items" in node else "anything"
+        return f"a list of {node.get('minItems', 0)} to {node.get('maxItems', 'any number of')} items, each {items}"
+    if kind == "boolean":
+        return "true or false"
+    if kind == "object" or "properties" in node:
+        return "an object with " + ", ".join(node.get("properties", {})) if node.get("properties") else "an object"
+    return kind or "a value"
