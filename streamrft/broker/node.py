@@ -23,6 +23,7 @@ from ..config.kafka import EmbeddedBrokerConfig
 from ..errors import BrokerError
 from .jars import Java, classpath, kafka_home
 from .security import BrokerSecurity
+from .watchdog import watched
 
 logger = logging.getLogger(__name__)
 
@@ -68,24 +69,6 @@ broker.heartbeat.interval.ms=1000
 transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 """
 PLAINTEXT_LISTENERS = "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n"
-
-# Runs the JVM (exec keeps its pid) with a background subshell that blocks reading a pipe held by this Python
-# process. At EOF (we closed it, or we died) it SIGTERMs the JVM, SIGKILLs it after 30 s, and removes
-# $STREAMRFT_RMDIR if set; it says so in jvm.out. fd 3 because a background job's own stdin is /dev/null in a
-# non-interactive sh.
-_WATCHDOG = r"""exec 3<&0
-(
-  read _ <&3
-  echo "streamrft watchdog: the broker's owner closed its pipe or exited; stopping the broker (pid $$)" >&2
-  kill -TERM $$ 2>/dev/null
-  i=0; while kill -0 $$ 2>/dev/null && [ $i -lt 150 ]; do sleep 0.2; i=$((i+1)); done
-  kill -KILL $$ 2>/dev/null
-  if [ -n "$STREAMRFT_RMDIR" ]; then rm -rf "$STREAMRFT_RMDIR"; fi
-) &
-exec 3<&- </dev/null
-exec "$@"
-"""
-
 
 class PortTaken(Exception):
     """The JVM could not bind a port we picked (someone took it meanwhile)."""
@@ -213,7 +196,7 @@ class BrokerNode:
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True, env=env)
             else:
-                self.proc = subprocess.Popen(["/bin/sh", "-c", _WATCHDOG, "streamrft-kafka", *cmd],
+                self.proc = subprocess.Popen(watched("streamrft-kafka", cmd),
                                              stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                              start_new_session=True, env=env)
         finally:

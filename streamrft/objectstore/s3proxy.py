@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..broker.jars import cache_root, find_java, resolve_maven_jars
+from ..broker.watchdog import watched
 from ..errors import StreamrftError
 
 logger = logging.getLogger(__name__)
@@ -92,9 +93,11 @@ class S3Proxy:
         log = open(self._rundir / "s3proxy.log", "wb")
         started = time.monotonic()
         with log:
-            # in the caller's process group: a Ctrl-C or a killed test session takes the server along
-            self._process = subprocess.Popen([java, *JVM_OPTIONS, "-jar", str(jar), "--properties", str(properties)],
-                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            # under the watchdog (its pipe is our stdin to it), in the caller's process group: whether the owner
+            # exits, is killed or is interrupted, the server goes with it
+            command = [java, *JVM_OPTIONS, "-jar", str(jar), "--properties", str(properties)]
+            self._process = subprocess.Popen(watched("streamrft-s3proxy", command), stdin=subprocess.PIPE,
+                                             stdout=log, stderr=subprocess.STDOUT)
         self._wait_ready(started)
         self.startup_s = time.monotonic() - started
         logger.info("s3proxy %s serving %s at %s (started in %.2f s)", self.version, self.basedir,
@@ -174,6 +177,8 @@ class S3Proxy:
         self._cleanup()
 
     def _cleanup(self) -> None:
+        if self._process is not None and self._process.stdin and not self._process.stdin.closed:
+            self._process.stdin.close()  # the watchdog's pipe: it has nothing left to stop
         if self._rundir is not None:
             shutil.rmtree(self._rundir, ignore_errors=True)
             self._rundir = None

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from ..broker.jars import find_java
-from ..broker.node import _WATCHDOG as WATCHDOG
+from ..broker.watchdog import watched
 from ..broker.server import free_ports
 from ..config import SchemaRegistryConfig
 from ..errors import RegistryError
@@ -118,7 +118,7 @@ class EmbeddedRegistry:
         env = {**os.environ, "STREAMRFT_RMDIR": str(self.directory)}
         with open(self.directory / LOG_FILE, "ab") as out:
             # The watchdog holds a pipe from this process: at its EOF the JVM is stopped and the directory removed.
-            self.proc = subprocess.Popen(["/bin/sh", "-c", WATCHDOG, "streamrft-registry", *cmd], cwd=self.directory,
+            self.proc = subprocess.Popen(watched("streamrft-registry", cmd), cwd=self.directory,
                                          stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, env=env)
 
