@@ -1,6 +1,7 @@
 """A Prometheus scrape config for a run's roles (``streamrft monitor CONFIG --prometheus-config FILE``): one job
 per role that serves ``/metrics``, on the ports its config gives, as ``streamrft run`` starts them on this
-machine (rollout worker i on ``launch.rollout_metrics_port_base + i``). compose/prometheus/prometheus.yml is the
+machine (rollout worker i on ``launch.rollout_metrics_port_base + i``), and ``streamrft run`` itself (job
+``launch``: role restarts and roles up, on ``launch.metrics_port``). compose/prometheus/prometheus.yml is the
 same for the compose stack, where the roles are found by service name."""
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ def _target(host: str, port: int) -> str:
 
 
 def role_ports(config: RunConfig) -> dict[str, list[int]]:
-    """Role -> the ports its processes serve /metrics on (a fixed port only: 0 or none is not scrapable)."""
+    """Role (or ``launch``) -> the ports its processes serve /metrics on (a fixed port only: 0 or none is not
+    scrapable)."""
     ports: dict[str, list[int]] = {}
     roles = config.shape.roles
     for role, settings in (("explorer", config.explorer), ("trainer", config.trainer), ("monitor", config.monitor)):
@@ -29,6 +31,8 @@ def role_ports(config: RunConfig) -> dict[str, list[int]]:
         workers = range(config.launch.rollout_workers)
         ports["rollout"] = ([base + i for i in workers] if base
                             else [config.rollout.metrics_port] if config.rollout.metrics_port else [])
+    if config.launch.metrics_port:  # streamrft run itself: the restarts of the roles it supervises
+        ports["launch"] = [config.launch.metrics_port]
     return {role: found for role, found in ports.items() if found}
 
 

@@ -39,6 +39,7 @@ from streamrft.explorer_state import ExplorerState
 from .evals import EvalRounds
 from .retries import Retries
 from .rounds import Round, Window, round_of
+from .resume import replay_results, results_start
 from .schedule import TaskSchedule, configured_tasksets
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class Explorer:
                                       check_options={"max_bytes": config.limits.max_task_bytes},
                                       extra={"enable.partition.eof": True})
         self.runtime.bind(tasks)
+        self._tasks_consumer = tasks  # the tasksets' one bound consumer, which rejoin() joins again
         self.results = self.runtime.consumer("results", config.consumer_group("explorer"),
                                              client_id=f"{source}-results", subscribe=False)
         self.state = ExplorerState()  # restored from control at start
@@ -97,13 +99,33 @@ class Explorer:
 
     def start(self, unit: UnitOfWork) -> None:
         self.sync.catch_up()
-        self.state = state = self.sync.explorer
+        self._restore(self.sync.explorer)
+
+    def rejoin(self, unit: UnitOfWork) -> None:
+        """A unit could not commit (the group let the explorer go, or the brokers were away): nothing of it is
+        visible, so the explorer goes on exactly as a restart would, from its last committed state record and the
+        ``tasks`` offsets committed with it: the tasks it read since are read again, the steps it published since
+        are published again under the same request ids."""
+        unit.discard()
+        self._tasks_consumer.rejoin()
+        self.tasks = TaskSchedule.build(self.config, self.clients, self._tasks_consumer, self.stop, self.source)
+        self.window = Window(self.settings)
+        self.evals = EvalRounds(self.settings)
+        self.retries = Retries(self.settings.max_retries)
+        self._noted = None
+        self._restore(ExplorerState.from_json(self._committed_state))
+
+    def _restore(self, state: ExplorerState) -> None:
+        """Take over a committed state record, as at start: the tasksets' positions, the rounds in flight and
+        where their results begin."""
+        self.state = state
+        self._committed_state = self._staged_state = state.to_json()
         self.tasks.restore(state.tasksets, blocks_before=state.next_step // self.settings.selector.block_steps)
         self.window.restore(state.in_flight)
         self.evals.restore(state.in_flight)
-        self._start_results_reader()
+        self.results.assign(results_start(self.config, self.clients, state.in_flight))
         if self.tasks.learns:
-            self._replay_results_for_selector()
+            replay_results(self.config, self.clients, self.tasks)
         if state.done:
             logger.info("explorer: the run is already complete (step %d); nothing to do", state.next_step)
             return
@@ -118,6 +140,7 @@ class Explorer:
         self._last_finish = time.monotonic()
 
     def handle(self, unit: UnitOfWork) -> bool:
+        self._committed_state = self._staged_state  # a pass begins once the last one's unit is committed
         if self.state.done:
             return False
         while not self.stop.requested and self._publish_next_step(unit):  # 1.
@@ -238,29 +261,6 @@ class Explorer:
     def _results_offsets(self) -> dict[str, int]:
         return {str(p): o for (_, p), o in self.results.positions().items()}
 
-    def _start_results_reader(self) -> None:
-        """Read ``results`` from where the oldest round in flight's results begin, or from now."""
-        offsets = self.clients.offsets(self.config.topic("results"), "end")
-        for (topic, partition) in offsets:
-            saved = [int(e["results_offsets"][str(partition)]) for e in self.state.in_flight
-                     if str(partition) in e.get("results_offsets", {})]
-            if saved:
-                offsets[(topic, partition)] = min(saved)
-        self.results.assign(offsets)
-
-    def _replay_results_for_selector(self) -> None:
-        from streamrft.kafka.reader import read_topic
-
-        topic = self.config.topic("results")
-        count = 0
-        for raw in read_topic(self.config.kafka, self.clients.bootstrap, topic, idle_timeout=1.0):
-            try:
-                self.tasks.observe(self.clients.serde.decode(raw.value, topic, RolloutResult))
-                count += 1
-            except Exception:  # undecodable history is the DLQ's business, not the selector's
-                continue
-        logger.info("explorer: the task orders that learn from results rebuilt from %d past results", count)
-
     # 3. finish ------------------------------------------------------------------------------------------
     def _finish_ready(self, unit: UnitOfWork) -> None:
         """Finish the oldest steps that can be, in order, and the eval rounds that are complete."""
@@ -337,9 +337,10 @@ class Explorer:
         self.state.in_flight = [round_.entry() for round_ in (*self.window, *self.evals)]
         self.state.tasksets = self.tasks.positions()
         self.state.epoch = next(iter(self.state.tasksets.values()))["epoch"]
+        self._staged_state = self.state.to_json()  # the committed one once the unit commits (rejoin)
         return [(self.config.topic("control"), SyncSignal(
             kind=SyncKind.EXPLORER_STATE, step=self.state.next_step, source=self.source,
-            state=self.state.to_json()))]
+            state=self._staged_state))]
 
     def close(self) -> None:
         self.runtime.close()

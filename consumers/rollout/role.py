@@ -137,8 +137,8 @@ class RolloutWorker:
         pass
 
     def rejoin(self, unit: UnitOfWork) -> None:
-        """The group let this worker go and its unit could not commit (``MembershipLost``): the unit's results
-        are dropped with the requests still running, and the worker joins again; every request read since the
+        """A unit could not commit (``MembershipLost``: the group let this worker go; or the brokers were away
+        past its deadline): the unit's results are dropped with the requests still running, and the worker joins again; every request read since the
         last commit is read again from the committed offsets, by this worker or by the member that has its
         partition now."""
         unit.discard()

@@ -73,6 +73,9 @@ class GroupBuffer:
         for group in groups:
             self.groups.pop(group.group_id, None)
 
+    def clear(self) -> None:
+        self.groups.clear()
+
     def expired(self, now: float, timeout_s: float) -> list[Group]:
         return [g for g in self.incomplete_groups() if now - g.first_seen >= timeout_s]
 

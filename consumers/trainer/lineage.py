@@ -65,6 +65,11 @@ class Lineage:
             return self._resume(latest, partitions)
         return self._origin(partitions)
 
+    def reload(self) -> Start:
+        """Go back to the newest checkpoint (a unit could not commit; see ``Trainer.rejoin``): the readers seek to
+        its offsets and its buffer is handed back, as at a restart, whatever ``--replay-from`` said at start."""
+        return self._resume(self.checkpoints.latest(), self.clients.offsets(self.topic, "start"))
+
     def save(self, step: int, write_engine: Callable[[Path], None], buffered: list[Delivered[Experience]],
              published_version: int) -> None:
         """A checkpoint of ``step``: the engine's state, the readers' positions and what they hold untrained."""
@@ -90,7 +95,7 @@ class Lineage:
                     "entr%s of lost steps removed", self.source, path, checkpoint.step, checkpoint.step,
                     len(checkpoint.buffered), removed, "y" if removed == 1 else "ies")
         return Start(checkpoint.step, int(checkpoint.meta.get("published_version", -1)),
-                     tuple(self._restored(checkpoint.buffered)), path if checkpoint.has_model else None)
+                     tuple(self._restored(checkpoint.buffered)), checkpoint.path if checkpoint.has_model else None)
 
     def _restored(self, entries: list[dict]) -> Iterator[Delivered[Experience]]:
         for entry in entries:

@@ -50,6 +50,11 @@ class SupervisedMix:
         """A supervised experience restored from a checkpoint."""
         self.stream.add(item, now)
 
+    def clear(self) -> None:
+        """Empty the pools (a checkpoint hands back what they held)."""
+        for pool in self.stream.pools.values():
+            pool.clear()
+
     def items(self) -> list[Delivered[Experience]]:
         """The pooled experiences, for a checkpoint."""
         return self.stream.items()

@@ -35,6 +35,7 @@ from functools import partial
 from pathlib import Path
 
 from streamrft.config import RunConfig
+from streamrft.config.object_store import is_s3_url
 from streamrft.engines.algorithms import apply_staleness
 from streamrft.engines.training import TrainingEngine
 from streamrft.engines.training.ranks import RankZeroEngine
@@ -49,9 +50,10 @@ from streamrft.validation import check_experience
 
 from .batches import BatchPicker
 from .checkpoints import Checkpoints
+from .remote_checkpoints import RemoteCheckpoints
 from .engine import build_engine
 from .group_buffer import Group, GroupBuffer
-from .lineage import Lineage
+from .lineage import Lineage, Start
 from .metrics import TrainerMetrics
 from .mix import SupervisedMix
 from .pairs import PairCheck
@@ -96,7 +98,7 @@ class Trainer:
                     if self.shape.trainer_mixes_supervised else None)
         self.publishing = WeightsPublishing(config, self.runtime, self.engine, self.source, primary=primary)
         self.lineage = Lineage(
-            Checkpoints(_checkpoint_dir(config, name, primary), self.settings.keep_checkpoints), clients,
+            _checkpoints(config, name, primary), clients,
             self.consumer, source=self.source, model_path=config.model.path, replay=replay, mix=self.mix,
             check=partial(check_experience, **fits_the_model))
         self.pairs = PairCheck(self.consumer_group, self.source, self.metrics)
@@ -124,7 +126,32 @@ class Trainer:
     def start(self, unit: UnitOfWork) -> None:
         """Catch up on ``sync``; go on from the lineage's newest checkpoint or begin one (``lineage.py``)."""
         self.sync.catch_up()
-        start = self.lineage.start()
+        self._take_over(self.lineage.start())
+        self.batches.start()
+        self.publishing.announce(unit, self.sync, self.step)
+        logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
+                    self.source, self.step, self.consumer_group, len(self.buffer), self.bound,
+                    self.lineage.checkpoints.root)
+
+    def rejoin(self, unit: UnitOfWork) -> None:
+        """A unit could not commit (the brokers were away past its deadline): its step's metrics and weights
+        signal are not visible, and the engine is ahead of what is committed. The trainer goes back to its newest
+        checkpoint, as a restart would: engine state, offsets and buffer; the steps after it are trained again
+        under the same numbers (the audit keeps the surviving lineage's)."""
+        unit.discard()
+        start = self.lineage.reload()
+        if start.engine_state is None and start.step != self.step:
+            raise RuntimeError(f"{self.source}: the newest checkpoint (step {start.step}) holds no weights to go "
+                               f"back to from step {self.step}; restart the trainer (it begins from the base model)")
+        self.buffer.clear()  # the checkpoint hands back what it held
+        if self.mix is not None:
+            self.mix.clear()
+        self._released = {}
+        self._take_over(start)
+        logger.info("%s: back to the checkpoint of step %d (%d buffered)", self.source, self.step, len(self.buffer))
+
+    def _take_over(self, start: Start) -> None:
+        """The engine, step, published version and buffer of where the lineage goes on (``lineage.py``)."""
         if start.engine_state is not None:
             self.engine.load_state(start.engine_state)
         self.step = start.step
@@ -136,11 +163,6 @@ class Trainer:
             elif self._trains_here(item):  # a checkpoint of another shape may hold what this one passes over
                 self.buffer.add(item, now)
         self.metrics.step.set(self.step)
-        self.batches.start()
-        self.publishing.announce(unit, self.sync, self.step)
-        logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
-                    self.source, self.step, self.consumer_group, len(self.buffer), self.bound,
-                    self.lineage.checkpoints.root)
 
     def handle(self, unit: UnitOfWork) -> bool:
         if not self._more_to_train():
@@ -342,6 +364,16 @@ def _checkpoint_dir(config: RunConfig, name: str, primary: bool) -> Path:
     """The lineage's directory: a fan-out or replay trainer keeps its own next to the main one."""
     root = config.checkpoint_dir
     return root if primary else root.with_name(f"{root.name}-{name}")
+
+
+def _checkpoints(config: RunConfig, name: str, primary: bool) -> Checkpoints:
+    """The lineage's checkpoints: in a local directory, or on an object store (``checkpoint_dir: s3://...``,
+    reached with ``trainer.weights.s3``) with the same guarantees."""
+    keep = config.trainer.keep_checkpoints
+    if not is_s3_url(config.checkpoint_url):
+        return Checkpoints(_checkpoint_dir(config, name, primary), keep)
+    url = config.checkpoint_url.rstrip("/")
+    return RemoteCheckpoints(url if primary else f"{url}-{name}", keep, config.trainer.weights.s3.storage_options())
 
 
 def _losses(metrics: dict[str, float]) -> str:

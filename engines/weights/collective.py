@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 import torch
 import torch.distributed as dist
 
+from .broadcast_digest import weights_digest
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_BUCKET_BYTES = 64 << 20  # several buckets per model, so packing, sending and unpacking overlap
@@ -202,6 +204,7 @@ class BroadcastStats:
     tensors: int
     nbytes: int
     buckets: int
+    digest: str = ""  # broadcast_digest.weights_digest of what was sent, when asked for
 
 
 def _send_header(group: CollectiveGroup, header: dict[str, Any]) -> None:
@@ -238,8 +241,10 @@ def broadcast_weights(
     version: int,
     *,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    with_digest: bool = False,
 ) -> BroadcastStats:
-    """Rank 0: send ``named_tensors`` (any devices and dtypes) to every receiver of ``group``.
+    """Rank 0: send ``named_tensors`` (any devices and dtypes) to every receiver of ``group``; ``with_digest``:
+    also hash what was sent (``broadcast_digest``), for receivers to check it against.
 
     Two buckets are in flight at a time: bucket ``k + 1`` is packed while bucket ``k`` is being sent. A tensor
     that fills a bucket on its own is sent as it is, without a packing copy.
@@ -269,7 +274,8 @@ def broadcast_weights(
         in_flight.append((group.broadcast_async(buf), buf))
     for work, _ in in_flight:
         work.wait()
-    return BroadcastStats(version, len(named), sum(sizes), len(buckets))
+    digest = weights_digest(named) if with_digest else ""
+    return BroadcastStats(version, len(named), sum(sizes), len(buckets), digest)
 
 
 class ReceivedWeights:

@@ -14,6 +14,10 @@ the address it announces once); every epoch's process group has a store and port
   is over, and whether its members are candidates of the next one (else they register again);
 * ``closed`` — the sender is gone for good.
 
+With a shared secret, the log entries and the "ready" keys carry a token (``membership_token``) and the sender
+admits only entries whose token verifies: a process that reaches the store but does not hold the secret is never
+a candidate, so never a rank of a group.
+
 Between broadcasts receivers wait on the store, not in a collective: a collective's timeout then bounds a
 broadcast only, never the time between two syncs (minutes, when training steps are long), and a member can
 leave while idle without breaking anyone's pending operation.
@@ -38,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from .collective import BroadcastStats, CollectiveGroup, broadcast_weights, free_port, listening_store
+from .membership_token import MembershipTokens
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +71,14 @@ class _Log:
 
 class ElasticSender:
     """Rank 0 of every epoch: hosts the membership store on ``host`` (``port`` 0: any free one) and re-forms the
-    group when membership changed. ``group_port`` 0 gives every epoch a fresh free port."""
+    group when membership changed. ``group_port`` 0 gives every epoch a fresh free port. ``secret``: only
+    receivers holding it are admitted (None: anyone who reaches the store)."""
 
     def __init__(self, host: str, session: str, *, device: torch.device | str = "cpu", port: int = 0,
-                 group_port: int = 0, timeout_s: float = 30.0):
+                 group_port: int = 0, timeout_s: float = 30.0, secret: bytes | None = None):
         self.host = host
         self.session = session
+        self._tokens = MembershipTokens(secret)
         self.device = torch.device(device)
         self.group_port = group_port
         self.timeout_s = timeout_s
@@ -98,6 +105,11 @@ class ElasticSender:
             self._server.wait([key], timedelta(seconds=self.timeout_s))  # counted before it was written
             event = json.loads(self._server.get(key))
             member = str(event.get("member", ""))
+            if not self._admitted(i, event):
+                logger.warning("weight-sync: membership entry %d (%r, %s) has no valid token; not admitted. Give "
+                               "the trainer and every worker the same trainer.weights.group_secret", i, member,
+                               event.get("event"))
+                continue
             if event.get("event") == "leave":
                 fresh.left.add(member)
                 fresh.joined = [m for m in fresh.joined if m != member]
@@ -106,6 +118,15 @@ class ElasticSender:
                 fresh.left.discard(member)
         self._log.read = count
         return fresh
+
+    def _admitted(self, index: int, event: dict) -> bool:
+        return self._tokens.valid(event.get("token"), self.session, "log", str(index), str(event.get("member")),
+                                  str(event.get("event")))
+
+    def _ready(self, epoch: int, member: str) -> bool:
+        key = self._key(f"epoch/{epoch}/ready/{member}")
+        return self._server.check([key]) and self._tokens.valid(self._server.get(key).decode(), self.session,
+                                                                "ready", str(epoch), member)
 
     def events(self) -> int:
         """How many joins and leaves the membership log holds."""
@@ -119,6 +140,8 @@ class ElasticSender:
             key = self._key(f"log/{i}")
             if self._server.check([key]):
                 event = json.loads(self._server.get(key))
+                if not self._admitted(i, event):
+                    continue
                 (members.discard if event.get("event") == "leave" else members.add)(str(event.get("member")))
         return len(members)
 
@@ -139,7 +162,8 @@ class ElasticSender:
             return Delivery(self.epoch, ())
         try:
             self._server.add(self._key(f"epoch/{self.epoch}/syncs"), 1)  # the members enter the broadcast
-            stats = broadcast_weights(self.group, named_tensors, version, bucket_bytes=bucket_bytes)
+            stats = broadcast_weights(self.group, named_tensors, version, bucket_bytes=bucket_bytes,
+                                      with_digest=True)
         except Exception as exc:  # noqa: BLE001 - a receiver died or hung: the group is over, the trainer goes on
             failure = f"{type(exc).__name__}: {exc}"
             logger.warning("weight-sync epoch %d: broadcast of v%d failed (%s); its receivers register again",
@@ -169,7 +193,7 @@ class ElasticSender:
         self._set("epoch", epoch)
         deadline = time.monotonic() + self.timeout_s
         while True:
-            ready = {m for m in candidates if self._server.check([self._key(f"epoch/{epoch}/ready/{m}")])}
+            ready = {m for m in candidates if self._ready(epoch, m)}
             if len(ready) == len(candidates) or time.monotonic() >= deadline:
                 break
             time.sleep(_POLL_S)
@@ -211,12 +235,14 @@ class ElasticSender:
 
 class ElasticMember:
     """A receiver's side of the membership store: register, then :meth:`next_group` for each epoch it is in.
-    ``host`` / ``group_port`` are what an epoch's group address must be (a forged one is refused)."""
+    ``host`` / ``group_port`` are what an epoch's group address must be (a forged one is refused); ``secret``
+    signs what it writes (the sender's, or it is not admitted)."""
 
     def __init__(self, address: str, session: str, member: str, *, host: str, group_port: int = 0,
-                 device: torch.device | str = "cpu", timeout_s: float = 30.0):
+                 device: torch.device | str = "cpu", timeout_s: float = 30.0, secret: bytes | None = None):
         url = urlparse(address)
         self.session = session
+        self._tokens = MembershipTokens(secret)
         self.member = member
         self.host = host
         self.group_port = group_port
@@ -235,7 +261,9 @@ class ElasticMember:
 
     def register(self, event: str = "join") -> None:
         index = int(self._store.add(self._key("log/n"), 1))
-        self._store.set(self._key(f"log/{index}"), json.dumps({"member": self.member, "event": event}))
+        token = self._tokens.sign(self.session, "log", str(index), self.member, event)
+        self._store.set(self._key(f"log/{index}"), json.dumps({"member": self.member, "event": event,
+                                                               "token": token}))
 
     def closed(self) -> bool:
         return self._has("closed")
@@ -284,7 +312,8 @@ class ElasticMember:
             raise ValueError(f"epoch {epoch}'s group address {record.get('address')!r} is not "
                              f"tcp://{self.host}:{self.group_port or '<port>'}; check who can reach the "
                              "membership store")
-        self._store.set(self._key(f"epoch/{epoch}/ready/{self.member}"), "1")
+        ready = self._tokens.sign(self.session, "ready", str(epoch), self.member) or "1"
+        self._store.set(self._key(f"epoch/{epoch}/ready/{self.member}"), ready)
         go = self._key(f"epoch/{epoch}/go")
         self._store.wait([go], timedelta(seconds=self.timeout_s * 2))  # the sender waits timeout_s at most
         members = json.loads(self._store.get(go))["members"]

@@ -33,6 +33,20 @@ class ShardIntegrityError(WeightIntegrityError):
         )
 
 
+class BroadcastIntegrityError(WeightIntegrityError):
+    """The tensors a receiver got by broadcast are not those whose digest the trainer announced."""
+
+    def __init__(self, version: int, expected: str, actual: str) -> None:
+        self.version = version
+        self.expected = expected
+        self.actual = actual
+        announced = f"BLAKE3 {expected}" if expected else "no digest"
+        super().__init__(
+            f"weights v{version} received by broadcast hash to BLAKE3 {actual}; the trainer announced {announced} "
+            "(changed on the way, or sent by a member that is not the trainer)"
+        )
+
+
 class WeightFormatError(WeightIntegrityError):
     """A manifest or shard that verifies but does not describe what it should (unknown format, wrong tensors)."""
 

@@ -5,8 +5,8 @@ torch, so ``streamrft.validation`` checks it where a role reads ``sync``, and th
   receivers the trainer waits for at its first sync, the broadcast's bucket size, and the backend the trainer
   chose (its device's); receivers follow it whatever their own device.
 * :class:`DeliveryState`, of a collective ``WEIGHTS_PUBLISHED``: which epoch of the elastic group carried the
-  version to which members, and where a receiver that missed it finds it (a manifest URI; its sha256 is the
-  signal's).
+  version to which members, where a receiver that missed it finds it (a manifest URI; its sha256 is the
+  signal's), and the digest of the tensors broadcast (``broadcast_digest``), which receivers check before loading.
 
 Each ``parse`` returns what ``to_json`` wrote, or raises ValueError naming the field that is wrong.
 """
@@ -53,9 +53,11 @@ class DeliveryState:
     epoch: int
     receivers: tuple[str, ...]
     catch_up: str
+    digest: str = ""  # BLAKE3 of the tensors broadcast; "" when nothing was broadcast
 
     def to_json(self) -> str:
-        return json.dumps({"epoch": self.epoch, "receivers": list(self.receivers), "catch_up": self.catch_up})
+        return json.dumps({"epoch": self.epoch, "receivers": list(self.receivers), "catch_up": self.catch_up,
+                           "digest": self.digest})
 
     @classmethod
     def parse(cls, state: str) -> "DeliveryState":
@@ -70,7 +72,10 @@ class DeliveryState:
             raise ValueError("receivers is not a list of member ids")
         if not isinstance(catch_up, str):
             raise ValueError("catch_up is not a URI")
-        return cls(epoch, tuple(receivers), catch_up)
+        digest = value.get("digest", "")
+        if not isinstance(digest, str) or (digest and not _is_hex_digest(digest)):
+            raise ValueError(f"digest {digest!r} is not 64 lowercase hex digits")
+        return cls(epoch, tuple(receivers), catch_up, digest)
 
 
 def _object(state: str, kind: str) -> dict[str, Any]:
@@ -81,6 +86,10 @@ def _object(state: str, kind: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f"the state of a {kind} is not a JSON object")
     return value
+
+
+def _is_hex_digest(value: str) -> bool:
+    return len(value) == 64 and set(value) <= _SESSION_CHARS
 
 
 def _is_int(value: object) -> bool:

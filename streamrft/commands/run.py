@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -28,11 +29,13 @@ from ..config import RunConfig
 from ..errors import StreamrftError
 from ..kafka import KafkaClients, unanswered
 from ..launch.dashboard import MetricsFollower, group_lags, render, sync_line
+from ..launch.metrics import LauncherMetrics
 from ..launch.processes import RoleProcess, stop_all
 from ..launch.supervisor import Supervisor
 from ..lifecycle import StopSignal
 from ..registry.for_run import REGISTRY_URL_ENV, registry_for
 from ..sync import SyncView
+from ..telemetry import serve_prometheus
 from streamrft.producers.task_files import FieldMapping, count_rows, read_tasks
 from streamrft.producers.task_producer import produce_tasks
 from .common import add_config_argument, config_from, console
@@ -196,6 +199,18 @@ def role_environment(bootstrap: str, registry_url: str = "") -> dict[str, str]:
     return env
 
 
+GROUP_SECRET_ENV = "STREAMRFT_TRAINER__WEIGHTS__GROUP_SECRET"
+
+
+def weight_sync_secret(config: RunConfig) -> dict[str, str]:
+    """A per-run ``trainer.weights.group_secret`` for the collective weight-sync group, for the trainer's and the
+    workers' environments only (which no other user's process can read); one the user set is kept."""
+    weights = config.trainer.weights
+    if weights.method != "collective" or weights.group_secret is not None or GROUP_SECRET_ENV in os.environ:
+        return {}
+    return {GROUP_SECRET_ENV: secrets.token_urlsafe(32)}
+
+
 def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str, run_dir: Path,
                     credentials: dict[str, Path], registry_url: str = "") -> list[RoleProcess]:
     logs = run_dir / "logs"
@@ -206,18 +221,21 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
         return {**role_environment(bootstrap, registry_url), **principal, **extra}
 
     roles = config.shape.roles
+    sync_secret = weight_sync_secret(config)
     processes = []
     if "explorer" in roles:
         processes.append(RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer")))
     if "trainer" in roles:
-        processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log", env("trainer")))
+        processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log",
+                                     env("trainer", **sync_secret)))
     processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env("monitor")))
     workers = 0 if "rollout" not in roles else config.launch.rollout_workers if args.workers is None else args.workers
     base = config.launch.rollout_metrics_port_base
     for i in range(workers):
         port = str(base + i if base else 0)
         processes.append(RoleProcess(f"rollout-{i}", ["rollout", args.config, "--worker-id", f"rollout-{i}"],
-                                     logs / f"rollout-{i}.log", env("rollout", STREAMRFT_ROLLOUT__METRICS_PORT=port)))
+                                     logs / f"rollout-{i}.log", env("rollout", STREAMRFT_ROLLOUT__METRICS_PORT=port,
+                                                                    **sync_secret)))
     for process in processes:
         process.start()
     console.print(f"started {', '.join(p.name for p in processes)}; logs in {logs}")
@@ -227,7 +245,9 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
 def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RoleProcess], run_dir: Path,
                dashboard: bool) -> int:
     by_name = {p.name: p for p in processes}
-    supervisor = Supervisor(processes, config.launch.restart)
+    metrics = LauncherMetrics(p.name for p in processes)
+    endpoint = serve_prometheus(config.launch.metrics_port, metrics.registry, config.metrics_host)
+    supervisor = Supervisor(processes, config.launch.restart, metrics=metrics)
     follower = MetricsFollower(clients)
     explorer = SyncView(clients, client_id="dashboard-sync")  # the explorer's state: steps in flight, waits
     started = time.monotonic()
@@ -260,6 +280,7 @@ def _supervise(config: RunConfig, clients: KafkaClients, processes: list[RolePro
             time.sleep(0.2)
     follower.close()
     explorer.close()
+    endpoint.close()
     if crash_loop is not None:
         console.print(crash_loop, markup=False, highlight=False, style="red")
     if supervisor.restarts():

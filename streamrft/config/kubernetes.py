@@ -22,9 +22,19 @@ class KubernetesConfig(Section):
     shared_volume_claim: str = Field(default="streamrft-shared", pattern=_DNS_LABEL,
                                      description="a ReadWriteMany claim mounted at /shared in every role (model "
                                                  "cache, checkpoints, weights when they go through a file URL)")
-    secret: str | None = Field(default=None, pattern=_DNS_LABEL,
-                               description="a Secret whose keys become the roles' environment (e.g. "
-                                           "STREAMRFT_KAFKA__SASL_PASSWORD); never written into the manifests")
+    secret: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$",
+                               description="prefix of the roles' own Secrets: role R reads its secret keys "
+                                           "(STREAMRFT_<SECTION>__<KEY>, e.g. STREAMRFT_TRAINER__WEIGHTS__S3__"
+                                           "SECRET_ACCESS_KEY) from the Secret <secret>-R only; none = "
+                                           "<name>-R-secrets. Never written into the manifests")
+    checkpoint_volume_claim: str = Field(default="streamrft-checkpoints", pattern=_DNS_LABEL,
+                                         description="a claim of the trainer's own, mounted at /checkpoints: "
+                                                     "trainer.checkpoint_dir must be under it")
+    monitoring_namespace: str = Field(default="monitoring", pattern=_DNS_LABEL,
+                                      description="the namespace Prometheus scrapes from: the NetworkPolicy "
+                                                  "lets it reach the roles' metrics port, nothing else")
+    run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1,
+                             description="uid (and gid) every container runs as: the image's non-root user")
     trainer_gpus: int = Field(default=1, ge=0)
     rollout_gpus: int = Field(default=1, ge=0)
     rollout_min_replicas: int = Field(default=1, ge=0)

@@ -85,6 +85,9 @@ class LaunchConfig(Section):
     rollout_metrics_port_base: int = Field(default=9110, ge=0,
                                            description="worker i exposes Prometheus on base + i (0 = any)")
     dashboard_refresh_s: float = Field(default=2.0, gt=0)
+    metrics_port: int | None = Field(default=9104, ge=0, le=65535,
+                                     description="the launcher's Prometheus endpoint (role restarts, roles up) on "
+                                                 "metrics_host; 0 = any free port, null = off")
     restart: RestartConfig = Field(default=RestartConfig(), description="restarting a role process that dies: "
                                    "back-off and the crash-loop limit (streamrft/config/supervision.py)")
 
@@ -237,6 +240,20 @@ class WeightSyncConfig(Section):
         default="object_store",
         description="collective: also publish every version to the object store (url), where a worker that "
                     "missed a broadcast or joined late loads it; none = it waits for the next broadcast")
+    group_secret: SecretStr | None = Field(
+        default=None,
+        description="collective: a secret the trainer and every worker share (at least 16 characters); only "
+                    "receivers that sign their membership with it join the weight-sync group. Set it through the "
+                    "environment (STREAMRFT_TRAINER__WEIGHTS__GROUP_SECRET; streamrft run makes one per run); "
+                    "unset = anyone who reaches the membership store may join")
+
+    @field_validator("group_secret")
+    @classmethod
+    def _long_enough(cls, secret: SecretStr | None) -> SecretStr | None:
+        if secret is not None and len(secret.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters; make one with "
+                             "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        return secret
 
     @model_validator(mode="after")
     def _s3_store(self) -> "WeightSyncConfig":
@@ -295,7 +312,9 @@ class TrainerConfig(OptimizerSettings, Section):
         default="drop", description="stale experiences: drop them, or keep them importance-weighted (truncated IS)")
     group_timeout_s: float = Field(default=600.0, gt=0)
     save_interval: int = Field(default=10, ge=1)
-    checkpoint_dir: str = "runs/{name}/checkpoints"
+    checkpoint_dir: str = Field(default="runs/{name}/checkpoints", min_length=1, max_length=4096,
+                                description="a local directory, or s3://bucket/prefix (reached with "
+                                            "trainer.weights.s3; trainer.weights.url must then be s3:// too)")
     keep_checkpoints: int = Field(default=2, ge=1)
     weights: WeightSyncConfig = WeightSyncConfig()
     device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
@@ -309,6 +328,15 @@ class TrainerConfig(OptimizerSettings, Section):
     mix: MixConfig = Field(default=MixConfig(), description="supervised rows mixed into each RL batch, by "
                                                             "objective (sft, dpo): their share of the batch's rows")
     metrics_port: int | None = 9103
+
+    @model_validator(mode="after")
+    def _s3_checkpoints(self) -> "TrainerConfig":
+        # one set of S3 settings for both stores: the checkpoints are reached with trainer.weights.s3
+        if is_s3_url(self.checkpoint_dir) and not is_s3_url(self.weights.url):
+            raise ValueError(f"trainer.checkpoint_dir is {self.checkpoint_dir}: set trainer.weights.url to an "
+                             "s3:// URL as well (e.g. the same bucket's weights/ prefix); both stores are reached "
+                             "with the endpoint and keys of trainer.weights.s3")
+        return self
 
     @field_validator("staleness_policy", mode="before")
     @classmethod

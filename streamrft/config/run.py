@@ -149,6 +149,12 @@ class RunConfig(Section):
         return Path(self.trainer.checkpoint_dir.format(name=self.name))
 
     @property
+    def checkpoint_url(self) -> str:
+        """``trainer.checkpoint_dir`` as written (a local path, or an ``s3://`` URL that ``checkpoint_dir``,
+        a local Path, cannot stand for)."""
+        return self.trainer.checkpoint_dir.format(name=self.name)
+
+    @property
     def weights_url(self) -> str:
         return self.trainer.weights.url or (self.checkpoint_dir.parent / "weights").resolve().as_uri()
 

@@ -3,7 +3,11 @@
 What a run gets (``kubernetes`` section of the config for the cluster-side names):
 
 * the run config as a ConfigMap, mounted at ``/config/run.yaml`` in every role; cluster addresses come as
-  ``STREAMRFT_*`` variables, secrets from the Secret named by ``kubernetes.secret`` (never in the manifests);
+  ``STREAMRFT_*`` variables, secrets from each role's own Secret (``k8s_secrets``: a config file that holds
+  one is refused, never written into the manifests);
+* each pod locked down (``k8s_security``): non-root, read-only root filesystem with scratch emptyDirs, no
+  privilege escalation or capabilities, seccomp RuntimeDefault, no service-account token; NetworkPolicies that
+  deny ingress to the run's pods but for Prometheus and, for collective weights, the run's own pods;
 * a Strimzi ``KafkaTopic`` for each of the run's topics and dead-letter topics, partitions and topic configs from
   ``topics`` (the roles' own ``ensure_topics`` then finds them in place);
 * the roles restarted as ``streamrft run`` restarts them (``launch.restart``): after a failure, never after a clean
@@ -22,9 +26,11 @@ What a run gets (``kubernetes`` section of the config for the cluster-side names
   writes, and KEDA reads the rollout group's lag as the rollout user (a ``TriggerAuthentication``). With
   ``kafka_tls`` the roles trust the Strimzi cluster CA (``<cluster>-cluster-ca-cert``).
 
-Files the roles share -- the model cache, checkpoints, and weights published through a ``file://`` URL -- live on
-the ReadWriteMany claim ``kubernetes.shared_volume_claim`` mounted at ``/shared``; a config that puts them
-anywhere else is refused with what to change (a pod's own disk is gone when it moves).
+Files the roles share -- the model cache, the monitor's output, and weights published through a ``file://`` URL --
+live on the ReadWriteMany claim ``kubernetes.shared_volume_claim`` mounted at ``/shared``; the trainer's
+checkpoints on a claim of their own (``kubernetes.checkpoint_volume_claim`` at ``/checkpoints``, mounted by the
+trainer alone). A config that puts them anywhere else is refused with what to change (a pod's own disk is gone
+when it moves).
 """
 from __future__ import annotations
 
@@ -34,8 +40,12 @@ from typing import Any
 from ..acls import principal_name, role_acls
 from ..config import RunConfig
 from ..errors import ConfigError
+from .k8s_secrets import role_secret_env, secret_problems
+from .k8s_security import (container_security, network_policies, pod_security, scratch_mounts,
+                           scratch_volumes)
 
 SHARED = "/shared"
+CHECKPOINTS = "/checkpoints"
 CONFIG_PATH = "/config/run.yaml"
 STRIMZI = "kafka.strimzi.io/v1beta2"
 # role (also the name of its config section) -> the streamrft command that runs it
@@ -64,6 +74,7 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
         out.append(_trigger_authentication(config))
     if "rollout" in roles:
         out.append(_scaled_object(config))
+    out += network_policies(config, _labels(config), lambda what: resource_name(config, what))
     for manifest in out:
         manifest["metadata"].setdefault("namespace", k8s.namespace)
     return out
@@ -72,9 +83,9 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
 def check_deployable(config: RunConfig) -> None:
     """ConfigError, with what to change, for a config whose roles could not find each other's files."""
     problems = []
-    if not config.checkpoint_dir.is_absolute() or not str(config.checkpoint_dir).startswith(SHARED + "/"):
-        problems.append(f"trainer.checkpoint_dir is {config.checkpoint_dir}: put it under {SHARED}/ (the shared "
-                        "claim), or a restarted trainer cannot resume")
+    if not str(config.checkpoint_dir).startswith(CHECKPOINTS + "/"):
+        problems.append(f"trainer.checkpoint_dir is {config.checkpoint_dir}: put it under {CHECKPOINTS}/ (the "
+                        "trainer's own claim), or a restarted trainer cannot resume")
     url = config.trainer.weights.url
     if config.trainer.weights.method == "object_store" and (not url or url.startswith("file://")):
         path = config.weights_url.removeprefix("file://")
@@ -88,9 +99,7 @@ def check_deployable(config: RunConfig) -> None:
     if _authenticated(config) and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", config.name):
         problems.append(f"name {config.name!r}: with kafka_authentication each role's KafkaUser is named "
                         "<name>.<role>, a Kubernetes name: use lowercase letters, digits and '-'")
-    if config.kafka.sasl_password is not None or config.schema_registry.basic_auth_user_info is not None:
-        problems.append("the config file holds a secret: move it to the Secret named by kubernetes.secret "
-                        "(STREAMRFT_KAFKA__SASL_PASSWORD, STREAMRFT_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO)")
+    problems += secret_problems(config, role_secret(config, "<role>"))
     if problems:
         raise ConfigError("cannot deploy this run on Kubernetes:\n- " + "\n- ".join(problems))
 
@@ -100,6 +109,12 @@ def _labels(config: RunConfig, role: str | None = None) -> dict[str, str]:
     if role is not None:
         labels["app.kubernetes.io/component"] = role
     return labels
+
+
+def role_secret(config: RunConfig, role: str) -> str:
+    """The Secret only ``role`` reads its secret keys from."""
+    prefix = config.kubernetes.secret
+    return f"{prefix}-{role}" if prefix else resource_name(config, f"{role}-secrets")
 
 
 def resource_name(config: RunConfig, what: str) -> str:
@@ -134,7 +149,7 @@ def _environment(config: RunConfig, role: str | None = None) -> list[dict[str, A
            "STREAMRFT_METRICS_HOST": "0.0.0.0",  # scraped from other pods
            "STREAMRFT_CACHE_DIR": f"{SHARED}/cache",
            "OMP_WAIT_POLICY": "PASSIVE"}
-    secret = []
+    secret: list[dict[str, Any]] = []
     if role is not None and _authenticated(config):
         user = principal_name(config, role)
         env.update({"STREAMRFT_KAFKA__SECURITY_PROTOCOL": "SASL_SSL" if config.kubernetes.kafka_tls
@@ -144,6 +159,8 @@ def _environment(config: RunConfig, role: str | None = None) -> list[dict[str, A
                    "valueFrom": {"secretKeyRef": {"name": user, "key": "password"}}}]
         if config.kubernetes.kafka_tls:
             env["STREAMRFT_KAFKA__SSL_CA_LOCATION"] = f"{KAFKA_CA}/ca.crt"
+    if role is not None:
+        secret += role_secret_env(config, role, role_secret(config, role), skip=frozenset(e["name"] for e in secret))
     return [{"name": key, "value": value} for key, value in env.items()] + secret
 
 
@@ -157,12 +174,13 @@ def _container(config: RunConfig, role: str) -> dict[str, Any]:
         "name": role, "image": k8s.image, "command": ["streamrft", ROLES[role], CONFIG_PATH],
         "env": _environment(config, role),
         "volumeMounts": [{"name": "config", "mountPath": "/config", "readOnly": True},
-                         {"name": "shared", "mountPath": SHARED}],
+                         {"name": "shared", "mountPath": SHARED}, *scratch_mounts(role)],
+        "securityContext": container_security(config),
     }
+    if role == "trainer":
+        container["volumeMounts"].append({"name": "checkpoints", "mountPath": CHECKPOINTS})
     if _authenticated(config) and k8s.kafka_tls:
         container["volumeMounts"].append({"name": "kafka-ca", "mountPath": KAFKA_CA, "readOnly": True})
-    if k8s.secret is not None:
-        container["envFrom"] = [{"secretRef": {"name": k8s.secret}}]
     port = _metrics_port(config, role)
     if port is not None:
         container["ports"] = [{"name": "metrics", "containerPort": port}]
@@ -187,17 +205,23 @@ def _pod(config: RunConfig, role: str, restart: str) -> dict[str, Any]:
         "restartPolicy": restart,
         # a role that gets SIGTERM finishes its unit of work and commits (compose: stop_grace_period)
         "terminationGracePeriodSeconds": 60,
+        **pod_security(config),
         "containers": [_container(config, role)],
         "volumes": [{"name": "config", "configMap": {"name": resource_name(config, "config")}},
-                    {"name": "shared", "persistentVolumeClaim": {"claimName": config.kubernetes.shared_volume_claim}}],
+                    {"name": "shared", "persistentVolumeClaim": {"claimName": config.kubernetes.shared_volume_claim}},
+                    *scratch_volumes(role)],
     }
+    if role == "trainer":
+        spec["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": {
+            "claimName": config.kubernetes.checkpoint_volume_claim}})
     if _authenticated(config) and config.kubernetes.kafka_tls:
         spec["volumes"].append({"name": "kafka-ca", "secret": {"secretName": _cluster_ca(config)}})
     if role in ("rollout", "trainer") and not config.model.path.startswith("/"):
         spec["initContainers"] = [{  # the model into the shared cache once; a no-op when it is there
             "name": "model", "image": config.kubernetes.image,
             "command": ["streamrft", "model", "prepare", config.model.path],
-            "env": _environment(config), "volumeMounts": [{"name": "shared", "mountPath": SHARED}]}]
+            "env": _environment(config), "securityContext": container_security(config),
+            "volumeMounts": [{"name": "shared", "mountPath": SHARED}, *scratch_mounts(role)]}]
     return {"metadata": {"labels": _labels(config, role)}, "spec": spec}
 
 

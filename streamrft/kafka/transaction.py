@@ -68,8 +68,8 @@ class MembershipLost(TransactionFailed):
     """The unit's offsets belong to a consumer group that no longer has this member (it missed its session or
     max.poll.interval.ms, e.g. through a coordinator's failover): nothing of the unit is visible, and its
     partitions may be another member's now. A role that holds nothing but what it read since its last commit
-    rejoins the group (:meth:`RecordConsumer.rejoin`) and reads again from the committed offsets; the others
-    stop with this message."""
+    rejoins the group (:meth:`RecordConsumer.rejoin`) and reads again from the committed offsets (every role's
+    ``rejoin``, :mod:`streamrft.runtime.role_runtime`)."""
 
 
 class ProducerStuck(RuntimeError):
@@ -135,8 +135,8 @@ class Transactor:
                     raise MembershipLost(
                         f"could not commit {what}: the consumer group no longer has this member "
                         f"({error.name()}: {error.str()}); its partitions may be another member's now, and their "
-                        "work is redone by whoever reads them (a rollout worker joins the group again by itself; "
-                        "restart any other role)") from exc
+                        "work is redone by whoever reads them (the role joins the group again by itself and goes on "
+                        "from what it committed)") from exc
                 if not (error.txn_requires_abort() or error.retriable()):
                     raise TransactionFailed(f"could not commit {what}: {error.str()}") from exc
                 if time.monotonic() >= deadline:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from streamrft.config.supervision import RestartConfig
 
+from .metrics import LauncherMetrics
 from .processes import RoleProcess
 from .supervision import GiveUp, Restart, RestartPolicy, describe_exit, is_clean
 
@@ -18,17 +19,25 @@ logger = logging.getLogger(__name__)
 
 class Supervisor:
     """``check()`` once per pass of the launcher's loop: it notices crashes, restarts what is due and returns the
-    message that stops the run after a crash loop (None otherwise). Each crash and each restart is a log line."""
+    message that stops the run after a crash loop (None otherwise). Each crash and each restart is a log line, and
+    a rise of ``metrics`` (the launcher's Prometheus series) when it has them."""
 
     def __init__(self, processes: list[RoleProcess], settings: RestartConfig,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, metrics: LauncherMetrics | None = None):
         self.processes = processes
         self.clock = clock
+        self.metrics = metrics
         self.policies = {p.name: RestartPolicy(p.name, settings) for p in processes}
         self.pending: dict[str, Restart] = {}
 
     def check(self) -> str | None:
-        now = self.clock()
+        try:
+            return self._check(self.clock())
+        finally:
+            if self.metrics is not None:
+                self.metrics.observe(self.processes)
+
+    def _check(self, now: float) -> str | None:
         for process in self.processes:
             if process.name in self.pending:
                 if now >= self.pending[process.name].at:
@@ -57,4 +66,6 @@ class Supervisor:
         process.start()
         process.restarts = restart.count
         process.restart_at = None
+        if self.metrics is not None:
+            self.metrics.restarted(process.name)
         logger.info("%s restarted (restart %d, pid %d)", process.name, restart.count, process.proc.pid)

@@ -15,11 +15,12 @@ commit; docs/architecture.md, "Roles"):
 ``role.start(unit)`` runs before the first pass and ``role.finish(unit)`` after the last (the role's work is over, or
 a stop was requested); what ``finish`` stages is committed too.
 
-When the commit fails because the role's consumer group let it go (``MembershipLost``: it missed its session or
-its poll interval, as a worker can during a group coordinator's failover), a role that defines ``rejoin(unit)``
-drops what it read since its last commit and joins again (the rollout worker: nothing else is lost, its
-partitions are read again from the committed offsets, by it or by another member); any other role stops with the
-error, to be restarted from its checkpoint.
+When the commit fails and nothing of the unit is visible (``TransactionFailed``: the role's consumer group let it
+go, ``MembershipLost``, as a member can during a group coordinator's failover; or the brokers were away past the
+unit's deadline), a role that defines ``rejoin(unit)`` drops what it holds beyond its last commit and goes on from
+what is committed, as a restart would: the rollout worker from its committed offsets, the explorer from its last
+committed state record, the trainer from its newest checkpoint. ``FatalTransactionError`` (a newer instance with
+the same transactional.id took over) still stops the role: taking the id back would fence the newer one.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from streamrft.config import RunConfig
 from streamrft.config.topics import KINDS_BY_NAME
-from streamrft.kafka import KafkaClients, MembershipLost, RecordConsumer, Transactor
+from streamrft.kafka import KafkaClients, RecordConsumer, TransactionFailed, Transactor
 from streamrft.lifecycle import StopSignal
 from streamrft.sync import SyncView
 from streamrft.validation import TOPIC_CHECKS
@@ -70,8 +71,9 @@ class RoleRuntime:
         self.registry = CollectorRegistry()
         self._dead_letters = Counter("streamrft_dead_letters", "records sent to a dead-letter topic",
                                      ["topic", "reason"], registry=self.registry)
-        self._rejoins = Counter("streamrft_group_rejoins", "times the role joined its consumer group again after "
-                                "the group let it go (what it had read since its last commit is read again)",
+        self._rejoins = Counter("streamrft_group_rejoins", "times the role went on from what it had committed after "
+                                "a unit could not commit (the group let it go, or the brokers were away): what "
+                                "it had done since is done again",
                                 registry=self.registry)
         self._closers: list[tuple[str, Callable[[], None]]] = []
         self.producer = clients.producer(transactional_id=transactional_id, client_id=source,
@@ -134,11 +136,11 @@ class RoleRuntime:
             going = role.handle(unit)  # 2.
             try:
                 unit.commit()  # 3.
-            except MembershipLost as exc:
+            except TransactionFailed as exc:  # MembershipLost included; never FatalTransactionError
                 rejoin = getattr(role, "rejoin", None)
                 if rejoin is None:
                     raise
-                logger.warning("%s: %s; joining the group again instead", self.source, exc)
+                logger.warning("%s: %s; going on from what is committed instead", self.source, exc)
                 self._rejoins.inc()
                 rejoin(unit)
         role.finish(unit)

@@ -24,7 +24,9 @@ the order they were written.
 
 Collective catch-up. A collective WEIGHTS_PUBLISHED says which epoch of the elastic group carried the version
 to which members, and where its object-store copy is (``trainer.weights.catch_up``): a worker that was not among
-them, or whose group broke, loads that copy — checked like an object-store signal — instead of waiting.
+them, or whose group broke, loads that copy — checked like an object-store signal — instead of waiting. A
+broadcast copy is loaded only if it hashes to the digest the signal carries (``broadcast_digest``); one that does
+not is refused and the catch-up copy is loaded instead.
 
 Retries. Errors of the store itself (``OSError``: not reachable, not there yet, a timeout) are retried with a
 backoff of 1 s doubling to 30 s, at most ``retry_attempts`` times per signal; any other refusal is final for
@@ -44,6 +46,8 @@ from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine
 from streamrft.engines.lora import AdapterMerger, read_base_weights
 from streamrft.engines.settings.lora import ADAPTER_PAYLOAD, PAYLOAD_KEY, LoraSettings
+from streamrft.engines.weights.broadcast_digest import check_weights_digest
+from streamrft.engines.weights.errors import BroadcastIntegrityError
 from streamrft.engines.weights.locations import check_lineage, check_manifest_uri, is_sha256
 from streamrft.engines.weights.object_store import load_weights, read_manifest
 from streamrft.engines.weights.signal_state import DeliveryState
@@ -53,7 +57,7 @@ from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView, supersedes
 
 from .receiver import CollectiveReceiver, check_announcement, receiver_device
-from .refusals import Refusal, Refusals, Refused, identity
+from .refusals import HINTS, Refusal, Refusals, Refused, identity
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +84,7 @@ class WeightFollower:
         self.collective_host = weights.collective_host
         self.collective_port = weights.collective_port
         self.receiver_timeout_s = weights.receiver_timeout_s
+        self.group_secret = weights.group_secret.get_secret_value().encode() if weights.group_secret else None
         self.device = config.rollout.device  # only where NCCL receives (see receiver_device)
         self.collective_wait_s = collective_wait_s
         self._clock = clock
@@ -227,7 +232,7 @@ class WeightFollower:
             receiver = None  # of an older trainer session
         if receiver is not None and receiver.member in delivery.receivers:
             received = receiver.wait(signal.version, timeout=self.collective_wait_s, epoch=delivery.epoch)
-            if received is not None:
+            if received is not None and self._verified(signal, delivery, *received):
                 self._check_engine({name: tuple(t.shape) for name, t in received[1].items()})
                 return received
         if delivery.catch_up:
@@ -242,6 +247,24 @@ class WeightFollower:
                                       f"{signal.lineage or '-'}", transient=True)
         raise Refused("missed-broadcast", f"v{signal.version} went to epoch {delivery.epoch} without this worker "
                                           "and the trainer published no catch-up copy")
+
+    def _verified(self, signal: SyncSignal, delivery: DeliveryState, version: int, tensors) -> bool:
+        """Whether the broadcast copy is what the trainer announced (its digest): False sends the follower to
+        the catch-up copy; with none, the version is refused (the worker waits for the next one)."""
+        if version != signal.version:  # a newer broadcast whose signal is not read yet: nothing to check it by
+            logger.info("%s: received v%d by broadcast while following v%d; taking v%d's catch-up copy",
+                        self.worker_id, version, signal.version, signal.version)
+            return False
+        try:
+            check_weights_digest(tensors, delivery.digest, version)
+        except BroadcastIntegrityError as exc:
+            if not delivery.catch_up:
+                raise Refused("broadcast-integrity", str(exc)) from None
+            self.refusals.c_refused.labels("broadcast-integrity").inc()
+            logger.error("%s: %s; loading the catch-up copy instead — %s", self.worker_id, exc,
+                         HINTS["broadcast-integrity"])
+            return False
+        return True
 
     @staticmethod
     def _catch_up_signal(signal: SyncSignal, delivery: DeliveryState) -> SyncSignal:
@@ -313,7 +336,7 @@ class WeightFollower:
             self._receiver.close(timeout=0.1)  # leaves the older session's group (its thread ends with it)
         self._receiver = self._receiver_factory(ready, member=self.worker_id, host=self.collective_host,
                                                 group_port=self.collective_port, device=device,
-                                                timeout_s=self.receiver_timeout_s).start()
+                                                timeout_s=self.receiver_timeout_s, secret=self.group_secret).start()
         logger.info("%s: joining the trainer's weight-sync group %s (lineage %s)", self.worker_id, ready.uri,
                     ready.lineage or "-")
 

@@ -60,10 +60,16 @@ class CollectivePublisher:
         self.source = source
         self.lineage = new_lineage()
         self.session = uuid.uuid4().hex[:12]
+        secret = w.group_secret.get_secret_value().encode() if w.group_secret else None
+        if secret is None:
+            logger.warning("%s: trainer.weights.group_secret is not set: any process that reaches the weight-sync "
+                           "membership store on %s may join the group (what it receives is still checked against "
+                           "the digest in each signal). Set the same secret on the trainer and every worker "
+                           "(streamrft run makes one per run)", source, w.collective_host)
         # both stores listen on collective_host only (loopback by default), never on every interface
         self.sender = ElasticSender(w.collective_host, self.session, device=device,
                                     port=w.collective_port + 1 if w.collective_port else 0,
-                                    group_port=w.collective_port, timeout_s=w.receiver_timeout_s)
+                                    group_port=w.collective_port, timeout_s=w.receiver_timeout_s, secret=secret)
         self.catch_up = (ObjectStore(config.weights_url, lineage=self.lineage, keep_last=w.keep_last,
                                      max_shard_bytes=w.shard_mb << 20, storage_options=w.storage_options())
                          if w.catch_up == "object_store" else None)
@@ -93,7 +99,8 @@ class CollectivePublisher:
         catch_up = (self.catch_up.publish(engine.named_weights(), version=version, metadata=engine.publish_metadata())
                     if self.catch_up else None)
         nbytes = delivery.stats.nbytes if delivery.stats else (catch_up.nbytes if catch_up else 0)
-        state = DeliveryState(delivery.epoch, delivery.receivers, catch_up.uri if catch_up else "")
+        state = DeliveryState(delivery.epoch, delivery.receivers, catch_up.uri if catch_up else "",
+                              delivery.stats.digest if delivery.stats else "")
         return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.COLLECTIVE,
                           uri=self.sender.address, nbytes=nbytes, sha256=catch_up.sha256 if catch_up else "",
                           source=self.source, lineage=self.lineage, state=state.to_json())

@@ -56,10 +56,11 @@ class CollectiveReceiver:
     """Inference side of ``collective``: registers with the trainer's membership store and receives every
     broadcast of each epoch it is in, on a background thread; the owner takes a version with :meth:`wait`.
     ``device`` must suit the announced backend (:func:`receiver_device`); ``member`` names this receiver in the
-    group (unique per receiver: a restarted worker is a new member)."""
+    group (unique per receiver: a restarted worker is a new member); ``secret``: the run's
+    ``trainer.weights.group_secret``, which the trainer admits members by."""
 
     def __init__(self, ready: SyncSignal, *, member: str, host: str, group_port: int = 0,
-                 device: torch.device | str = "cpu", timeout_s: float = 30.0):
+                 device: torch.device | str = "cpu", timeout_s: float = 30.0, secret: bytes | None = None):
         if ready.kind != SyncKind.NCCL_READY:
             raise ValueError(f"expected an NCCL_READY signal, got {ready.kind}")
         self.ready = ready
@@ -69,6 +70,7 @@ class CollectiveReceiver:
         self.group_port = group_port
         self.device = torch.device(device)
         self.timeout_s = timeout_s
+        self._secret = secret
         self.error: BaseException | None = None
         self.epoch = 0  # the epoch whose group this receiver is in now (0: none)
         self._latest: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -87,7 +89,7 @@ class CollectiveReceiver:
         try:
             membership = self._membership = ElasticMember(
                 self.ready.uri, self.announced.session, self.member, host=self.host, group_port=self.group_port,
-                device=self.device, timeout_s=self.timeout_s)
+                device=self.device, timeout_s=self.timeout_s, secret=self._secret)
             membership.register()
             self.registered.set()
             epoch = 0

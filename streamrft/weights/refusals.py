@@ -46,6 +46,10 @@ HINTS: dict[str, str] = {
     "engine-error": "the engine failed while loading; see the traceback in the log",
     "store-unavailable": "the fsspec backend for the store's protocol is not installed on this worker",
     "unreachable": "the store (or the weight-sync group) did not answer; retried with backoff",
+    "broadcast-integrity": "the weights received by broadcast do not match the digest the trainer announced "
+                           "(changed on the way, or sent by a member that is not the trainer): the catch-up copy "
+                           "is loaded if there is one, else the next version; check who can reach "
+                           "trainer.weights.collective_host and set trainer.weights.group_secret",
     "no-group": "the weights were broadcast to a weight-sync group this worker has not joined",
     "missed-broadcast": "this worker was not in the group when the version was broadcast; set "
                         "trainer.weights.catch_up: object_store so that it can catch up (it takes the next one)",

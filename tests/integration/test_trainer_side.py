@@ -503,13 +503,15 @@ def start_collective_training(run_config, tiny_model_dir, tmp_path, timeout_s: f
 
 
 def test_collective_broadcast_reaches_a_receiver_process_over_gloo(run_config, tiny_model_dir, tmp_path):
-    config, clients, trainer, child_overrides = start_collective_training(run_config, tiny_model_dir, tmp_path, 90)
+    # the trainer and its receiver share the run's secret (the trainer admits only members that hold it)
+    config, clients, trainer, child_overrides = start_collective_training(
+        run_config, tiny_model_dir, tmp_path, 90, weights={"group_secret": "test-run-secret-0123456789"})
     out = tmp_path / "received.pt"
     train_beside_a_child(trainer, collective_receiver,
                          (config.kafka.bootstrap_servers, child_overrides, str(out), 2), 150, 60)
     received = torch.load(out, weights_only=True)
     _assert_same_weights(received["weights"], trainer.role)
-    assert received["caught_up"] == 0  # by broadcast, not from the object store
+    assert received["caught_up"] == 0  # by broadcast, verified against its digest, not from the object store
     signals = [s for s in read_all(config, clients.bootstrap, "sync", clients.serde, SyncSignal, idle=1)]
     ready = [s for s in signals if s.kind == SyncKind.NCCL_READY]
     published = [s for s in signals if s.kind == SyncKind.WEIGHTS_PUBLISHED]
@@ -517,6 +519,7 @@ def test_collective_broadcast_reaches_a_receiver_process_over_gloo(run_config, t
     assert [(s.version, s.method, s.uri) for s in published] == [(v, SyncMethod.COLLECTIVE, ready[0].uri)
                                                                   for v in (1, 2)]
     assert [len(json.loads(s.state)["receivers"]) for s in published] == [1, 1]
+    assert all(len(json.loads(s.state)["digest"]) == 64 for s in published)
     clients.close()
 
 

@@ -284,12 +284,11 @@ def test_the_secured_stack_gives_every_role_its_own_principal_and_only_the_admin
         files[name] = env["STREAMRFT_KAFKA__CREDENTIALS_FILE"]
         assert secure[name]["depends_on"]["principals"]["condition"] == "service_completed_successfully"
         assert "STREAMRFT_KAFKA__SASL_PASSWORD" not in env  # the roles read their credentials file
-    # each role's file is the one `streamrft acls --create-users /shared/credentials` writes for its principal
-    assert files == {name: f"/shared/credentials/{principal_name(run, name)}.json" for name in files}
+    # each role's file is the one `streamrft acls --create-users /credentials` writes for its principal
+    assert files == {name: f"/credentials/{principal_name(run, name)}.json" for name in files}
     assert set(files) <= set(ACL_ROLES)
     principals = secure["principals"]
-    assert principals["command"][:3] == ["streamrft", "acls", "/config/run.yaml"]
-    assert principals["command"][3:] == ["--apply", "--create-users", "/shared/credentials"]
+    assert principals["command"][2].startswith("streamrft acls /config/run.yaml --apply --create-users /credentials ")
     assert set(env_overrides(_env(principals))) <= CONFIG_KEYS
     assert _env(principals)["STREAMRFT_KAFKA__SASL_USERNAME"] == "admin"
     assert "${STREAMRFT_ADMIN_PASSWORD" in _env(principals)["STREAMRFT_KAFKA__SASL_PASSWORD"]  # never a literal
@@ -301,3 +300,30 @@ def test_the_secured_stack_gives_every_role_its_own_principal_and_only_the_admin
     protocols = dict(item.split(":") for item in broker["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     assert set(protocols) == listeners and set(protocols.values()) == {"SASL_PLAINTEXT"}
     assert "." not in run.name  # prefixed ACLs tell runs apart only without dots in the name
+
+
+def test_each_role_of_the_secured_stack_mounts_only_its_own_credentials_file(services):
+    """No volume holds everyone's credentials files where every role can read them: the principals service moves
+    each file into a directory of its own, and a role mounts that directory alone, read-only."""
+    from streamrft.acls import principal_name
+
+    secure = yaml.safe_load((COMPOSE / "docker-compose.secure.yml").read_text())
+    run = load_config(COMPOSE / "run.yaml", env={})
+    assert "credentials" in secure["volumes"]
+    script = secure["services"]["principals"]["command"][2]
+    # each /credentials/<principal>.json goes to /credentials/<principal>/ (compose turns $$ into $)
+    assert 'dir="$${file%.json}"' in script and 'mv "$$file" "$$dir/"' in script
+    assert "credentials:/credentials" in secure["services"]["principals"]["volumes"]
+    for name in (*ROLES, "tasks"):
+        principal = principal_name(run, name)
+        mounts = [v for v in services[name].get("volumes", []) + secure["services"][name]["volumes"]
+                  if (v["source"] if isinstance(v, dict) else v.split(":")[0]) == "credentials"]
+        assert mounts == [{"type": "volume", "source": "credentials", "target": "/credentials", "read_only": True,
+                           "volume": {"subpath": principal}}], name
+        credentials_file = _merged_env(services[name], secure["services"][name])["STREAMRFT_KAFKA__CREDENTIALS_FILE"]
+        assert credentials_file == f"/credentials/{principal}.json"
+        # the shared volume every role mounts holds no credentials any more
+        shared = [v for v in services[name].get("volumes", []) if isinstance(v, str) and v.startswith("shared:")]
+        assert all("credentials" not in v for v in shared)
+    dockerfile = (COMPOSE / "Dockerfile").read_text()
+    assert "chown streamrft:streamrft /shared /credentials" in dockerfile  # the volume starts writable by the user

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrft.engines.weights.elastic import ElasticSender
+from streamrft.engines.weights.broadcast_digest import check_weights_digest, weights_digest
+from streamrft.engines.weights.elastic import ElasticMember, ElasticSender
+from streamrft.engines.weights.errors import BroadcastIntegrityError
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 
 TIMEOUT_S = 6.0
@@ -26,7 +28,8 @@ def version_weights(version: int, mb: int = 4) -> dict[str, torch.Tensor]:
     return {f"layer{i}.weight": torch.randn(BUCKET // 4, generator=g) for i in range(mb)}
 
 
-def receive(address: str, session: str, member: str, out: str, die_in: int, stop, timeout_s: float) -> None:
+def receive(address: str, session: str, member: str, out: str, die_in: int, stop, timeout_s: float,
+            secret: bytes | None = None) -> None:
     """Child process: a CollectiveReceiver; saves every version it is handed; with ``die_in`` it SIGKILLs itself
     after the first bucket of that version."""
     from streamrft.engines.weights import collective
@@ -43,7 +46,8 @@ def receive(address: str, session: str, member: str, out: str, die_in: int, stop
         collective.ReceivedWeights.__iter__ = dying
     ready = SyncSignal(kind=SyncKind.NCCL_READY, version=0, method=SyncMethod.COLLECTIVE, uri=address,
                        state=json.dumps({"session": session, "receivers": 1, "backend": "gloo"}), lineage="x")
-    receiver = CollectiveReceiver(ready, member=member, host="127.0.0.1", timeout_s=timeout_s).start()
+    receiver = CollectiveReceiver(ready, member=member, host="127.0.0.1", timeout_s=timeout_s,
+                                  secret=secret).start()
     version = 0
     while not stop.is_set():
         got = receiver.wait(version + 1, timeout=0.2, epoch=receiver.epoch)
@@ -62,10 +66,10 @@ class Receivers:
         self.ctx = mp.get_context("spawn")
         self.procs: dict[str, tuple] = {}
 
-    def start(self, member: str, die_in: int = 0) -> None:
+    def start(self, member: str, die_in: int = 0, secret: bytes | None = None) -> None:
         stop = self.ctx.Event()
         proc = self.ctx.Process(target=receive, args=(self.sender.address, self.sender.session, member,
-                                                      str(self.out), die_in, stop, self.sender.timeout_s),
+                                                      str(self.out), die_in, stop, self.sender.timeout_s, secret),
                                 daemon=True)
         proc.start()
         self.procs[member] = (proc, stop)
@@ -128,6 +132,9 @@ def test_members_join_and_leave_between_syncs_and_each_epoch_reaches_the_live_on
     wait_registered(sender, 2)
     first = sender.broadcast(version_weights(1).items(), 1, bucket_bytes=BUCKET)
     assert (first.epoch, members_of(first), first.failure) == (1, {"a", "b"}, "")
+    # the digest the trainer announces is of what it sent, and what a receiver got whole verifies against it
+    assert first.stats.digest == weights_digest(version_weights(1).items())
+    check_weights_digest(receivers.received("a", 1), first.stats.digest, 1)
     again = sender.broadcast(version_weights(2).items(), 2, bucket_bytes=BUCKET)
     assert again.epoch == 1  # nobody came or went: the same group
     receivers.start("c")
@@ -193,3 +200,78 @@ def test_a_frozen_receiver_is_left_out_after_the_timeout(elastic):
         assert_same(receivers.received("a", 3), version_weights(3))
     finally:
         os.kill(frozen.pid, signal.SIGKILL)
+
+
+SECRET = b"run-secret-0123456789"
+
+
+def test_received_bytes_that_are_not_what_was_announced_are_refused():
+    sent = version_weights(1, mb=1)
+    digest = weights_digest(sent.items())
+    check_weights_digest({k: v.clone() for k, v in sent.items()}, digest, 1)
+    changed = {k: v.clone() for k, v in sent.items()}
+    changed["layer0.weight"][7] += 1e-3
+    renamed = {"layer1.weight": sent["layer0.weight"]}
+    retyped = {"layer0.weight": sent["layer0.weight"].to(torch.float64)}
+    for received in (changed, renamed, retyped):
+        with pytest.raises(BroadcastIntegrityError, match="BLAKE3"):
+            check_weights_digest(received, digest, 1)
+    with pytest.raises(BroadcastIntegrityError, match="no digest"):
+        check_weights_digest(sent, "", 1)
+
+
+def test_a_member_without_the_run_secret_is_not_admitted_and_a_copied_token_is_worth_nothing():
+    sender = ElasticSender("127.0.0.1", "ab12cd34ef56", timeout_s=TIMEOUT_S, secret=SECRET)
+    try:
+        def member(name: str, secret: bytes | None) -> ElasticMember:
+            return ElasticMember(sender.address, sender.session, name, host="127.0.0.1", timeout_s=TIMEOUT_S,
+                                 secret=secret)
+        member("right", SECRET).register()
+        member("wrong", b"another-secret-0123").register()
+        member("none", None).register()
+        assert sender.registered() == 1
+        # a process that reads the store copies right's entry to a new index: it does not verify there
+        forger = member("forger", None)
+        entry = forger._store.get(forger._key("log/1"))
+        index = int(forger._store.add(forger._key("log/n"), 1))
+        forger._store.set(forger._key(f"log/{index}"), entry)
+        forger._store.set(forger._key(f"log/{index + 1}"), json.dumps(
+            {**json.loads(entry), "member": "forger"}))
+        forger._store.add(forger._key("log/n"), 1)
+        assert sender.registered() == 1
+        log = sender._read_log()
+        assert log.joined == ["right"]
+    finally:
+        sender.close()
+
+
+def test_without_a_secret_membership_is_open_as_before():
+    sender = ElasticSender("127.0.0.1", "ab12cd34ef56", timeout_s=TIMEOUT_S)
+    try:
+        ElasticMember(sender.address, sender.session, "any", host="127.0.0.1", timeout_s=TIMEOUT_S).register()
+        assert sender.registered() == 1
+    finally:
+        sender.close()
+
+
+@pytest.mark.timeout(240)
+def test_with_a_secret_only_the_members_that_hold_it_receive_the_weights(tmp_path: Path):
+    sender = ElasticSender("127.0.0.1", "ab12cd34ef56", timeout_s=30.0, secret=SECRET)
+    receivers = Receivers(sender, tmp_path)
+    try:
+        receivers.start("a", secret=SECRET)
+        receivers.start("b", secret=b"another-secret-0123")
+        deadline = time.monotonic() + 90
+        while sender.events() < 2:
+            assert time.monotonic() < deadline, "a and b never wrote to the membership log"
+            time.sleep(0.1)
+        wait_registered(sender, 1)
+        delivery = sender.broadcast(version_weights(1).items(), 1, bucket_bytes=BUCKET)
+        assert members_of(delivery) == {"a"} and delivery.failure == ""
+        got = receivers.received("a", 1)
+        assert_same(got, version_weights(1))
+        check_weights_digest(got, delivery.stats.digest, 1)
+        assert not list(tmp_path.glob("b-*.pt"))
+    finally:
+        sender.close()
+        receivers.close()

@@ -19,7 +19,7 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 KNOWN = {("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"), ("batch/v1", "Job"),
          ("kafka.strimzi.io/v1beta2", "KafkaTopic"), ("keda.sh/v1alpha1", "ScaledObject"),
          ("monitoring.coreos.com/v1", "ServiceMonitor"), ("kafka.strimzi.io/v1beta2", "KafkaUser"),
-         ("keda.sh/v1alpha1", "TriggerAuthentication")}
+         ("keda.sh/v1alpha1", "TriggerAuthentication"), ("networking.k8s.io/v1", "NetworkPolicy")}
 PROCESS_VARS = {"STREAMRFT_CACHE_DIR", "OMP_WAIT_POLICY"}  # read by the model cache / OpenMP, not config keys
 
 
@@ -76,11 +76,15 @@ def test_roles_run_their_command_on_the_config_with_real_config_keys(manifests, 
         (container,) = pod["containers"]
         commands[workload["metadata"]["labels"]["app.kubernetes.io/component"]] = container["command"]
         role = workload["metadata"]["labels"]["app.kubernetes.io/component"]
-        # a secret comes from its Secret, never as a value: the role's own KafkaUser's password
+        # a secret comes from a Secret, never as a value: the role's own KafkaUser's password, the rest from the
+        # role's own Secret (test_kubernetes_security checks each secret field)
         secrets = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e}
-        assert secrets == {"STREAMRFT_KAFKA__SASL_PASSWORD": {"name": f"demo.{role}", "key": "password"}}
+        assert secrets["STREAMRFT_KAFKA__SASL_PASSWORD"] == {"name": f"demo.{role}", "key": "password"}
+        assert {ref["name"] for name, ref in secrets.items() if name != "STREAMRFT_KAFKA__SASL_PASSWORD"} == {
+            f"demo-{role}-secrets"}
         assert secrets["STREAMRFT_KAFKA__SASL_PASSWORD"]["name"] in _by_kind(manifests, "KafkaUser")
-        env = {e["name"]: e["value"] for e in container["env"] if "value" in e} | {name: "x" for name in secrets}
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e} | {
+            "STREAMRFT_KAFKA__SASL_PASSWORD": "x"}
         # every STREAMRFT_* variable is a config key: loading the config with them applies each one
         config_env = {k: v for k, v in env.items() if k.startswith("STREAMRFT_") and k not in PROCESS_VARS}
         loaded = load_config(K8S / "run.yaml", env=config_env)

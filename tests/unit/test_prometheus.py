@@ -67,7 +67,8 @@ def test_the_dashboard_names_only_metrics_the_roles_emit():
     dashboard = json.loads(DASHBOARD.read_text())
     emitted = emitted_names()
     assert {"streamrft_explorer_step", "streamrft_rollout_requests_total", "streamrft_trainer_step",
-            "streamrft_dead_letters_total", "streamrft_monitor_records_total"} <= emitted
+            "streamrft_dead_letters_total", "streamrft_monitor_records_total", "streamrft_role_restarts_total",
+            "streamrft_role_up"} <= emitted
     assert unknown_metrics(dashboard, emitted) == []
     queried = {name for p in dashboard["panels"] for t in p.get("targets", [])
                for name in re.findall(r"\b(streamrft_[A-Za-z0-9_]+)", t["expr"])}
@@ -89,23 +90,25 @@ def test_prometheus_config_lists_each_role_on_its_configured_port(tmp_path, caps
     config_file.write_text(yaml.safe_dump({
         "name": "scrape", "metrics_host": "0.0.0.0",
         "explorer": {"metrics_port": 9201}, "trainer": {"metrics_port": 9203}, "monitor": {"metrics_port": 9200},
-        "launch": {"rollout_workers": 3, "rollout_metrics_port_base": 9210}}))
+        "launch": {"rollout_workers": 3, "rollout_metrics_port_base": 9210, "metrics_port": 9204}}))
     out = tmp_path / "prometheus.yml"
     assert main(["monitor", str(config_file), "--prometheus-config", str(out)]) == 0
     written = yaml.safe_load(out.read_text())
     targets = {job["job_name"]: job["static_configs"][0]["targets"] for job in written["scrape_configs"]}
     assert targets == {"explorer": ["127.0.0.1:9201"], "trainer": ["127.0.0.1:9203"], "monitor": ["127.0.0.1:9200"],
-                       "rollout": ["127.0.0.1:9210", "127.0.0.1:9211", "127.0.0.1:9212"]}
+                       "rollout": ["127.0.0.1:9210", "127.0.0.1:9211", "127.0.0.1:9212"],
+                       "launch": ["127.0.0.1:9204"]}
     assert all(job["static_configs"][0]["labels"] == {"run": "scrape"} for job in written["scrape_configs"])
     assert written["global"]["scrape_interval"] == "5s"
 
-    # the same jobs as the compose stack's Prometheus; a role without a port, or a run without it, is left out
+    # the same role jobs as the compose stack's Prometheus (which has no `streamrft run`, so no launch job); a
+    # role without a port, or a run without it, is left out
     compose = yaml.safe_load((ROOT / "compose" / "prometheus" / "prometheus.yml").read_text())
-    assert set(targets) == {job["job_name"] for job in compose["scrape_configs"]}
+    assert set(targets) - {"launch"} == {job["job_name"] for job in compose["scrape_configs"]}
     config_file.write_text(yaml.safe_dump({"name": "explore", "mode": "explore", "explorer": {"metrics_port": None}}))
     assert main(["monitor", str(config_file), "--prometheus-config", "-"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert {job["job_name"] for job in printed["scrape_configs"]} == {"monitor", "rollout"}
+    assert {job["job_name"] for job in printed["scrape_configs"]} == {"monitor", "rollout", "launch"}
 
 
 def test_prometheus_config_follows_the_default_ports():
@@ -115,6 +118,7 @@ def test_prometheus_config_follows_the_default_ports():
     jobs = {job["job_name"]: job["static_configs"][0]["targets"] for job in scrape_config(config)["scrape_configs"]}
     assert jobs["explorer"] == [f"127.0.0.1:{config.explorer.metrics_port}"]
     assert jobs["rollout"] == [f"127.0.0.1:{config.launch.rollout_metrics_port_base}"]
+    assert jobs["launch"] == [f"127.0.0.1:{config.launch.metrics_port}"]
 
 
 @pytest.mark.parametrize("host, target",

@@ -14,7 +14,7 @@ from streamrft.schemas import InvalidRecordError, SyncKind, SyncMethod, SyncSign
 from streamrft.validation import check_sync
 
 ANNOUNCED = Announcement(session="ab12cd34ef56", receivers=2, bucket_bytes=1 << 20, backend="gloo")
-DELIVERED = DeliveryState(epoch=3, receivers=("w0/1a2b", "w1/3c4d"), catch_up="")
+DELIVERED = DeliveryState(epoch=3, receivers=("w0/1a2b", "w1/3c4d"), catch_up="", digest="0f" * 32)
 _MISSING = object()
 
 
@@ -65,7 +65,7 @@ def test_each_malformed_announcement_field_is_refused_by_name_and_validation_agr
 
 @pytest.mark.parametrize("name, value", [
     ("epoch", -1), ("epoch", True), ("epoch", "1"), ("receivers", "w0/1a2b"), ("receivers", [1]),
-    ("catch_up", 3),
+    ("catch_up", 3), ("digest", 7), ("digest", "0F" * 32), ("digest", "0f" * 31), ("digest", "xy" * 32),
 ])
 def test_each_malformed_delivery_field_is_refused_by_name_and_validation_agrees(name, value):
     state = with_field(DELIVERED.to_json(), name, value)

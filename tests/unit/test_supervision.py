@@ -130,3 +130,49 @@ def test_the_supervisor_returns_the_crash_loop_message_with_the_log_tail(tmp_pat
     message = supervisor.check()
     assert message is not None and "trainer crashed 2 times" in message and "exit code 1" in message
     assert "ValueError: bad luck" in message and str(trainer.log_path) in message
+
+
+def test_the_launcher_counts_restarts_and_roles_up_on_its_prometheus_endpoint(tmp_path):
+    """streamrft_role_restarts_total and streamrft_role_up, scraped over HTTP from the launcher's endpoint while
+    the supervisor restarts a stand-in role."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from streamrft.launch.metrics import LauncherMetrics
+    from streamrft.telemetry import serve_prometheus
+
+    clock = [0.0]
+    worker, trainer = _Process("rollout-0", tmp_path), _Process("trainer", tmp_path)
+    worker.returncode = trainer.returncode = None
+    metrics = LauncherMetrics([worker.name, trainer.name])
+    endpoint = serve_prometheus(0, metrics.registry)
+    supervisor = Supervisor([worker, trainer], SETTINGS, clock=lambda: clock[0], metrics=metrics)
+
+    def scraped() -> dict[tuple[str, str], float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{endpoint.port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        return {(s.name, s.labels["role"]): s.value for family in text_string_to_metric_families(text)
+                for s in family.samples if s.name in ("streamrft_role_restarts_total", "streamrft_role_up")}
+
+    try:
+        supervisor.check()
+        assert scraped() == {("streamrft_role_restarts_total", "rollout-0"): 0, ("streamrft_role_up", "rollout-0"): 1,
+                             ("streamrft_role_restarts_total", "trainer"): 0, ("streamrft_role_up", "trainer"): 1}
+        worker.returncode = -9
+        supervisor.check()  # the crash: down, backing off
+        assert scraped()[("streamrft_role_up", "rollout-0")] == 0
+        for _ in range(2):  # restarted, then killed again and restarted after the doubled back-off
+            clock[0] += 5
+            supervisor.check()
+            assert worker.running
+            worker.returncode = -9
+            supervisor.check()
+        clock[0] += 5
+        supervisor.check()
+        got = scraped()
+        assert got[("streamrft_role_restarts_total", "rollout-0")] == 3 == worker.restarts
+        assert got[("streamrft_role_up", "rollout-0")] == 1 and got[("streamrft_role_up", "trainer")] == 1
+        assert got[("streamrft_role_restarts_total", "trainer")] == 0
+    finally:
+        endpoint.close()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from streamrft.config import load_config
 from streamrft.engines.inference import create_engine
+from streamrft.engines.weights.broadcast_digest import weights_digest
 from streamrft.engines.weights.object_store import ObjectStore
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import supersedes
@@ -327,8 +328,9 @@ class FakeReceiver:
     started: list["FakeReceiver"] = []
 
     def __init__(self, ready: SyncSignal, *, member: str, host: str, group_port: int, device,
-                 timeout_s: float) -> None:
+                 timeout_s: float, secret: bytes | None) -> None:
         self.ready = ready
+        self.secret = secret
         self.member = f"{member}/0001"
         self.device = device
         self.tensors: dict[int, dict[str, torch.Tensor]] = {}
@@ -355,9 +357,12 @@ def announcement(host: str = "127.0.0.1", lineage: str = LOST, **state) -> SyncS
 
 
 def broadcast_signal(version: int, lineage: str = LOST, *, receivers=("w0/0001",), epoch: int = 1,
-                     catch_up: SyncSignal | None = None) -> SyncSignal:
-    """A collective WEIGHTS_PUBLISHED; ``catch_up``: the object-store signal of its catch-up copy."""
-    state = {"epoch": epoch, "receivers": list(receivers), "catch_up": catch_up.uri if catch_up else ""}
+                     catch_up: SyncSignal | None = None, sent: dict[str, torch.Tensor] | None = None) -> SyncSignal:
+    """A collective WEIGHTS_PUBLISHED; ``catch_up``: the object-store signal of its catch-up copy; ``sent``: the
+    tensors the trainer broadcast (their digest is announced; ``weights(version)`` unless given)."""
+    digest = weights_digest((weights(version) if sent is None else sent).items())
+    state = {"epoch": epoch, "receivers": list(receivers), "catch_up": catch_up.uri if catch_up else "",
+             "digest": digest}
     return SyncSignal(kind=SyncKind.WEIGHTS_PUBLISHED, version=version, method=SyncMethod.COLLECTIVE,
                       uri="tcp://127.0.0.1:29501", lineage=lineage, state=json.dumps(state),
                       sha256=catch_up.sha256 if catch_up else "")
@@ -411,7 +416,7 @@ def test_broadcast_weights_are_loaded_from_the_joined_group_of_their_lineage(sto
     assert follower.swap_to_latest(view.apply(broadcast_signal(1)))
     assert_serves(engine, weights(1), 1)
     # a resumed trainer's signal before its announcement is followed: not the old group's, retried
-    view.apply(broadcast_signal(1, RESUMED))
+    view.apply(broadcast_signal(1, RESUMED, sent=weights(11)))
     assert not follower.swap_to_latest(view)
     assert [(r.reason, r.transient) for r in follower.take_refusals()] == [("no-group", True)]
     follower.follow(view.apply(announcement(lineage=RESUMED, session="0123456789ab")))
@@ -455,4 +460,56 @@ def test_a_missed_broadcast_without_a_catch_up_copy_or_from_elsewhere_is_refused
     foreign = publish(store_dir.parent / "elsewhere", 2)
     assert not follower.swap_to_latest(view.apply(broadcast_signal(2, receivers=(), catch_up=foreign)))
     assert [r.reason for r in follower.take_refusals()] == ["missed-broadcast", "foreign-uri"]
+    assert engine.version == 0
+
+
+def tampered(version: int) -> dict[str, torch.Tensor]:
+    """``weights(version)`` with one element changed: what a member that is not the trainer could send."""
+    changed = {name: tensor.clone() for name, tensor in weights(version).items()}
+    first = next(iter(changed.values()))
+    first.view(-1)[0] += 1
+    return changed
+
+
+def test_a_tampered_broadcast_is_refused_and_the_catch_up_copy_is_loaded(store_dir: Path):
+    FakeReceiver.started.clear()
+    follower, engine, registry = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
+    view = View().apply(announcement())
+    follower.follow(view)
+    (receiver,) = FakeReceiver.started
+    receiver.tensors[1] = tampered(1)
+    assert follower.swap_to_latest(view.apply(broadcast_signal(1, catch_up=publish(store_dir, 1))))
+    assert_serves(engine, weights(1), 1)  # the store's copy, never the tampered bytes
+    assert registry.get_sample_value("streamrft_rollout_weights_refused_total",
+                                     {"reason": "broadcast-integrity"}) == 1
+    assert registry.get_sample_value("streamrft_rollout_weights_caught_up_total") == 1
+
+
+def test_a_tampered_broadcast_without_a_catch_up_copy_is_refused_and_the_engine_keeps_its_weights(
+        store_dir: Path):
+    FakeReceiver.started.clear()
+    follower, engine, _ = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
+    view = View().apply(announcement())
+    follower.follow(view)
+    (receiver,) = FakeReceiver.started
+    receiver.tensors[1] = tampered(1)
+    assert not follower.swap_to_latest(view.apply(broadcast_signal(1)))
+    (refusal,) = follower.take_refusals()
+    assert refusal.reason == "broadcast-integrity" and not refusal.transient and "BLAKE3" in refusal.detail
+    assert engine.version == 0
+    receiver.tensors[2] = weights(2)  # the next version, whole: followed
+    assert follower.swap_to_latest(view.apply(broadcast_signal(2)))
+    assert_serves(engine, weights(2), 2)
+
+
+def test_a_broadcast_announced_without_a_digest_is_not_trusted(store_dir: Path):
+    FakeReceiver.started.clear()
+    follower, engine, _ = make_follower(store_dir, "collective", receiver_factory=FakeReceiver)
+    view = View().apply(announcement())
+    follower.follow(view)
+    FakeReceiver.started[0].tensors[1] = weights(1)
+    unsigned = broadcast_signal(1)
+    unsigned = signal_like(unsigned, state=json.dumps({**json.loads(unsigned.state), "digest": ""}))
+    assert not follower.swap_to_latest(view.apply(unsigned))
+    assert [r.reason for r in follower.take_refusals()] == ["broadcast-integrity"]
     assert engine.version == 0
