@@ -11,13 +11,13 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ..config import KafkaConfig
 from .admin import OffsetsReaders, watermarks
 from .props import consumer_props
-from .reader import RawRecord
+from .reader import RawRecord, records_to_eof
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,21 +140,7 @@ def read_last(kafka: KafkaConfig, bootstrap: str, topic: str, per_partition: int
                 assignment.append(TopicPartition(topic, pid, max(start, end - per_partition)))
                 open_partitions.add(pid)
         consumer.assign(assignment)
-        records: list[RawRecord] = []
-        deadline = time.monotonic() + timeout
-        while open_partitions and time.monotonic() < deadline:
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    open_partitions.discard(msg.partition())
-                    continue
-                raise KafkaException(msg.error())
-            raw = RawRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                            msg.headers() or [], msg.timestamp()[1])
-            if keep(raw):
-                records.append(raw)
+        records = [raw for raw in records_to_eof(consumer, open_partitions, time.monotonic() + timeout) if keep(raw)]
         return sorted(records, key=lambda r: (r.timestamp_ms, r.partition, r.offset))
     finally:
         consumer.close()

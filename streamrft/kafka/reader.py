@@ -24,6 +24,28 @@ class RawRecord:
     headers: list[tuple[str, bytes]]
     timestamp_ms: int
 
+    @classmethod
+    def of(cls, msg) -> "RawRecord":
+        """What a consumed message holds."""
+        return cls(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), msg.headers() or [],
+                   msg.timestamp()[1])
+
+
+def records_to_eof(consumer: Consumer, open_partitions: set[int], deadline: float) -> Iterator[RawRecord]:
+    """The records of an assigned consumer with ``enable.partition.eof`` until each partition of
+    ``open_partitions`` reaches its end (it is then removed from the set) or ``deadline`` (monotonic) passes:
+    what is left in ``open_partitions`` says whether every end was reached."""
+    while open_partitions and time.monotonic() <= deadline:
+        msg = consumer.poll(0.2)
+        if msg is None:
+            continue
+        if msg.error() is not None:
+            if msg.error().code() == KafkaError._PARTITION_EOF:
+                open_partitions.discard(msg.partition())
+                continue
+            raise KafkaException(msg.error())
+        yield RawRecord.of(msg)
+
 
 def read_topic(kafka: KafkaConfig, bootstrap: str, topic: str, *, from_beginning: bool = True,
                idle_timeout: float | None = 3.0, limit: int | None = None, read_committed: bool = True,
@@ -54,8 +76,7 @@ def read_topic(kafka: KafkaConfig, bootstrap: str, topic: str, *, from_beginning
                 raise KafkaException(msg.error())
             last = time.monotonic()
             count += 1
-            yield RawRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                            msg.headers() or [], msg.timestamp()[1])
+            yield RawRecord.of(msg)
     finally:
         consumer.close()
 
@@ -91,21 +112,9 @@ def read_to_end(kafka: KafkaConfig, bootstrap: str, topic: str, timeout: float =
         if not partitions:
             return []
         consumer.assign([tp for tp in partitions if tp.partition in open_partitions])
-        records: list[RawRecord] = []
-        deadline = time.monotonic() + timeout
-        while open_partitions:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end in {timeout:.0f}s; is the broker up?")
-            msg = consumer.poll(0.2)
-            if msg is None:
-                continue
-            if msg.error() is not None:
-                if msg.error().code() == KafkaError._PARTITION_EOF:
-                    open_partitions.discard(msg.partition())
-                    continue
-                raise KafkaException(msg.error())
-            records.append(RawRecord(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(),
-                                     msg.headers() or [], msg.timestamp()[1]))
+        records = list(records_to_eof(consumer, open_partitions, time.monotonic() + timeout))
+        if open_partitions:
+            raise TimeoutError(f"could not read {topic} to its end in {timeout:.0f}s; is the broker up?")
         return records
     finally:
         consumer.close()
