@@ -12,14 +12,13 @@ import torch
 
 pytest.importorskip("s3fs", reason="s3fs is not installed: scripts/setup.sh --dev installs it (the s3 extra)")
 
-from streamrft.broker.jars import find_java  # noqa: E402
 from streamrft.config import load_config  # noqa: E402
 from streamrft.consumers.trainer.remote_checkpoints import RemoteCheckpoints  # noqa: E402
 from streamrft.consumers.trainer.role import _checkpoints  # noqa: E402
 from streamrft.engines.weights.errors import StoreAccessError  # noqa: E402
-from streamrft.errors import ConfigError, StreamrftError  # noqa: E402
+from streamrft.errors import ConfigError  # noqa: E402
 from streamrft.objectstore import S3Proxy  # noqa: E402
-from streamrft.objectstore.s3proxy import s3proxy_home  # noqa: E402
+from .s3_server import local_s3  # noqa: E402
 
 BUCKET = "ckpt"
 KEY_ID = "streamrft-ckpt"
@@ -28,18 +27,7 @@ OFFSETS = {("run.experiences", 0): 17, ("run.experiences", 1): 5}
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        find_java()
-    except StreamrftError as exc:
-        pytest.skip(f"s3proxy needs Java 17+: {exc}")
-    if not (s3proxy_home() / "resolved.ok").exists():
-        pytest.skip("s3proxy is not resolved yet: run `streamrft s3 setup` (scripts/setup.sh --dev does)")
-    basedir = tmp_path_factory.mktemp("s3proxy")
-    (basedir / BUCKET).mkdir()
-    server = S3Proxy(basedir, KEY_ID, secrets.token_hex(20))
-    server.start()
-    yield server
-    server.stop()
+    yield from local_s3(tmp_path_factory, BUCKET, KEY_ID)
 
 
 def run_config(server: S3Proxy, prefix: str, secret: str | None = None):

@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 
 pytest.importorskip("s3fs", reason="s3fs is not installed: scripts/setup.sh --dev installs it (the s3 extra)")
 
-from streamrft.broker.jars import find_java  # noqa: E402
 from streamrft.config import load_config  # noqa: E402
 from streamrft.config.object_store import S3Config  # noqa: E402
 from streamrft.config.roles import WeightSyncConfig  # noqa: E402
@@ -25,9 +24,8 @@ from streamrft.engines.inference import create_engine  # noqa: E402
 from streamrft.engines.weights import ShardIntegrityError  # noqa: E402
 from streamrft.engines.weights.errors import StoreAccessError  # noqa: E402
 from streamrft.engines.weights.object_store import ObjectStore, iter_weights, load_weights  # noqa: E402
-from streamrft.errors import StreamrftError  # noqa: E402
 from streamrft.objectstore import S3Proxy  # noqa: E402
-from streamrft.objectstore.s3proxy import s3proxy_home  # noqa: E402
+from .s3_server import local_s3  # noqa: E402
 from streamrft.weights.follower import WeightFollower  # noqa: E402
 from streamrft.weights.publishers import ObjectStorePublisher  # noqa: E402
 
@@ -38,18 +36,7 @@ SECRET_ENV = "STREAMRFT_TRAINER__WEIGHTS__S3__SECRET_ACCESS_KEY"
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        find_java()
-    except StreamrftError as exc:
-        pytest.skip(f"s3proxy needs Java 17+: {exc}")
-    if not (s3proxy_home() / "resolved.ok").exists():
-        pytest.skip("s3proxy is not resolved yet: run `streamrft s3 setup` (scripts/setup.sh --dev does)")
-    basedir = tmp_path_factory.mktemp("s3proxy")
-    (basedir / BUCKET).mkdir()  # the filesystem backend: a bucket is a directory
-    server = S3Proxy(basedir, KEY_ID, secrets.token_hex(20))
-    server.start()
-    yield server
-    server.stop()
+    yield from local_s3(tmp_path_factory, BUCKET, KEY_ID)
 
 
 def s3_settings(server: S3Proxy, secret: str | None = None, key_id: str = KEY_ID) -> S3Config:
