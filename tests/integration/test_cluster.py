@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import KafkaError, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from streamrft.broker import EmbeddedBroker
@@ -59,9 +59,18 @@ def _wait(condition, timeout: float, what: str) -> None:
 
 
 def _topic_configs(cluster: EmbeddedBroker, names: list[str], key: str) -> dict[str, str]:
-    resources = [ConfigResource("topic", name) for name in names]
-    found = cluster.admin().describe_configs(resources, request_timeout=30)
-    return {resource.name: future.result()[key].value for resource, future in found.items()}
+    """Each topic's ``key``; asked again while a broker that answers has not yet learnt of a topic created a
+    moment ago (metadata reaches the nodes of a cluster one after the other)."""
+    deadline = time.monotonic() + 30
+    while True:
+        found = cluster.admin().describe_configs([ConfigResource("topic", name) for name in names],
+                                                 request_timeout=30)
+        try:
+            return {resource.name: future.result()[key].value for resource, future in found.items()}
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _set_min_insync(cluster: EmbeddedBroker, names: list[str], value: str) -> None:
