@@ -12,6 +12,7 @@ ADVANTAGES: Registry = Registry("advantage estimator", group="streamrft.advantag
     "rloo": f"{PACKAGE}.advantages:rloo",
     "reinforce_plus_plus": f"{PACKAGE}.advantages:reinforce_plus_plus",
     "distill": f"{PACKAGE}.advantages:distill",
+    "opmd": f"{PACKAGE}.opmd:opmd_advantage",
 })
 
 POLICY_LOSSES: Registry = Registry("policy loss", group="streamrft.policy_losses", builtins={
@@ -19,6 +20,11 @@ POLICY_LOSSES: Registry = Registry("policy loss", group="streamrft.policy_losses
     "decoupled_ppo": f"{PACKAGE}.policy_losses:decoupled_ppo",
     "gspo": f"{PACKAGE}.policy_losses:gspo",
     "sft": f"{PACKAGE}.policy_losses:sft",
+    "cispo": f"{PACKAGE}.cispo:cispo",
+    "sapo": f"{PACKAGE}.sapo:sapo",
+    "topr": f"{PACKAGE}.topr:topr",
+    "opmd": f"{PACKAGE}.opmd:opmd",
+    "sft_phi": f"{PACKAGE}.policy_losses:sft_phi",
 })
 
 LOSS_AGGREGATIONS: Registry = Registry("loss aggregation", group="streamrft.loss_aggregations", builtins={
@@ -36,4 +42,16 @@ KL_ESTIMATORS: Registry = Registry("KL estimator", group="streamrft.kl_estimator
 PREFERENCE_LOSSES: Registry = Registry("preference loss", group="streamrft.preference_losses", builtins={
     "dpo": f"{PACKAGE}.preference:dpo",
     "ipo": f"{PACKAGE}.preference:ipo",
+})
+
+# Off-policy corrections between the sampler and the trainer (importance.py): the ratio per token, per sequence or
+# its geometric mean, truncated (*_tis) or masked outside a band (*_mis; icepop is the token-level one).
+IMPORTANCE_CORRECTIONS: Registry = Registry("importance correction", group="streamrft.importance_corrections",
+                                            builtins={
+    "tis": f"{PACKAGE}.importance:tis",
+    "icepop": f"{PACKAGE}.importance:icepop",
+    "seq_tis": f"{PACKAGE}.importance:seq_tis",
+    "seq_mis": f"{PACKAGE}.importance:seq_mis",
+    "geo_tis": f"{PACKAGE}.importance:geo_tis",
+    "geo_mis": f"{PACKAGE}.importance:geo_mis",
 })

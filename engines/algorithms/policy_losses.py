@@ -3,14 +3,17 @@
 
 Common signature::
 
-    fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high) -> PolicyLossOutput
+    fn(logprobs, old_logprobs, advantages, mask, *, clip_low, clip_high, **params) -> PolicyLossOutput
 
 all ``[B, R]``: ``logprobs`` of the current policy (with gradient), ``old_logprobs`` of the policy that the ratio
-is taken against (no gradient), per-token ``advantages`` and the trained-token ``mask``.
+is taken against (no gradient), per-token ``advantages`` and the trained-token ``mask``. ``params`` are the
+loss's own keywords (``trainer.algorithm.policy_loss_params``; ``clip_ratio_c`` for the losses that take it).
+
+Besides the PPO family and the SFT terms here: :mod:`.cispo`, :mod:`.sapo`, :mod:`.topr`, :mod:`.opmd`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,6 +27,9 @@ class PolicyLossOutput:
     token_loss: torch.Tensor  # [B, R], to be weighted, masked and aggregated
     ratio: torch.Tensor  # [B, R] importance ratio the loss used (detached)
     clipped: torch.Tensor  # [B, R] bool: the clipped branch was active (no gradient from that token)
+    # the loss's own shares, reported as ``actor/<name>``: a [B, R] tensor is averaged over the trained tokens,
+    # a [B] one over the sequences (e.g. ``cispo_clip_frac``: the share of tokens whose weight was clipped)
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def ppo_clip(
@@ -34,6 +40,7 @@ def ppo_clip(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float | None = None,
 ) -> PolicyLossOutput:
     """PPO clipped surrogate with asymmetric bounds (DAPO "clip-higher" when ``clip_high > clip_low``):
 
@@ -41,11 +48,25 @@ def ppo_clip(
     ``L_t = −min(ρ_t·A_t, clip(ρ_t, 1 − clip_low, 1 + clip_high)·A_t)``.
 
     A token counts as clipped when the clipped branch is the smaller one and differs, i.e.
-    ``A>0 and ρ>1+clip_high`` or ``A<0 and ρ<1−clip_low``. (No dual-clip.)
+    ``A>0 and ρ>1+clip_high`` or ``A<0 and ρ<1−clip_low``.
+
+    **Dual-clip** (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL", Eq. 5), with
+    ``clip_ratio_c = c > 1``: for ``A_t < 0`` the objective is also bounded below by ``c·A_t``,
+    ``L_t = min(−min(ρ_t·A_t, clip(ρ_t, …)·A_t), −c·A_t)``, so a token the policy already made far more
+    likely (``ρ_t > c``) than the sampler did cannot push an unbounded negative step; such a token is clipped
+    (no gradient) and counted in ``pg_clipfrac_lower`` (veRL's name).
     """
     log_ratio = (logprobs - old_logprobs).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
-    return _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
+    out = _clipped_surrogate(ratio, advantages, mask, clip_low, clip_high)
+    if clip_ratio_c is None:
+        return out
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 (the lower bound c·A of a negative advantage), got {clip_ratio_c}")
+    bound = -clip_ratio_c * advantages
+    lower = (advantages < 0) & (out.token_loss > bound) & (mask > 0)
+    token_loss = torch.where(advantages < 0, torch.minimum(out.token_loss, bound), out.token_loss)
+    return PolicyLossOutput(token_loss, out.ratio, out.clipped | lower, {"pg_clipfrac_lower": lower})
 
 
 def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_low: float,
@@ -67,6 +88,7 @@ def decoupled_ppo(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.2,
+    clip_ratio_c: float | None = None,
 ) -> PolicyLossOutput:
     """Decoupled PPO (AReaL, Fu et al. 2025) for rollouts several versions old: the clip is taken against the
     *proximal* policy — the trainer's weights at train time — and the behaviour policy only reweights:
@@ -78,9 +100,11 @@ def decoupled_ppo(
     under the current weights before the step (``recompute_old_logprobs`` must stay true) and puts ``w_t`` on
     every row as the loss weights (as ``tis: true`` does), so this function is the clipped surrogate of ``r_t``;
     the trust region is around the current weights however stale the sample, which is what lets a
-    ``fully_async`` window grow without the loss of accuracy plain PPO shows.
+    ``fully_async`` window grow without the loss of accuracy plain PPO shows. ``clip_ratio_c``: dual-clip, as in
+    :func:`ppo_clip`.
     """
-    return ppo_clip(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high)
+    return ppo_clip(logprobs, old_logprobs, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+                    clip_ratio_c=clip_ratio_c)
 
 
 def gspo(
@@ -123,3 +147,24 @@ def sft(
     """
     ones = torch.ones_like(logprobs).detach()
     return PolicyLossOutput(-logprobs, ones, torch.zeros_like(mask, dtype=torch.bool))
+
+
+def sft_phi(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.0,
+    clip_high: float = 0.0,
+) -> PolicyLossOutput:
+    """CHORD-φ's SFT term (Zhang et al. 2025, arXiv:2508.11408, the φ-weighted SFT loss):
+    ``L_t = −sg(φ(p_t)) · log p_t`` with ``p_t = exp(logp_t)`` and ``φ(p) = p·(1 − p)``: tokens the policy
+    already finds near-certain (``p → 1``) or near-impossible (``p → 0``) barely move it, so
+    the expert data teaches without overwriting what RL learnt. Ignores ``old_logprobs`` and ``advantages``;
+    ``sft_phi_weight_mean`` reports the mean ``φ``."""
+    p = logprobs.detach().exp()
+    phi = p * (1.0 - p)
+    ones = torch.ones_like(logprobs).detach()
+    return PolicyLossOutput(-phi * logprobs, ones, torch.zeros_like(mask, dtype=torch.bool),
+                            {"sft_phi_weight_mean": phi})

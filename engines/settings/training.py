@@ -17,13 +17,16 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from ..algorithms.catalog import ADVANTAGES, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES, PREFERENCE_LOSSES
+from ..algorithms.catalog import (ADVANTAGES, IMPORTANCE_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+                                  PREFERENCE_LOSSES)
 from ..algorithms.registry import Registry
 
 # Arguments every advantage function receives from the engine; ``advantage_params`` supplies the others.
 ADVANTAGE_INPUTS = ("rewards", "mask", "group_ids", "token_rewards")
 # Per-token inputs the engine gives an advantage function only when it declares them (``distill``).
 OPTIONAL_ADVANTAGE_INPUTS = ("teacher_logprobs", "behaviour_logprobs")
+# Arguments every policy loss receives; ``clip_ratio_c`` and ``policy_loss_params`` supply the others.
+POLICY_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "clip_low", "clip_high")
 
 
 def _registered(registry: Registry) -> AfterValidator:
@@ -42,6 +45,16 @@ PolicyLossName = Annotated[str, _registered(POLICY_LOSSES)]
 LossAggregationName = Annotated[str, _registered(LOSS_AGGREGATIONS)]
 KlEstimatorName = Annotated[str, _registered(KL_ESTIMATORS)]
 PreferenceLossName = Annotated[str, _registered(PREFERENCE_LOSSES)]
+ImportanceCorrectionName = Annotated[str, _registered(IMPORTANCE_CORRECTIONS)]
+
+
+def _unaccepted(fn, given: set[str], inputs: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(the keywords of ``given`` that ``fn`` does not take, the ones it does take besides ``inputs``)."""
+    parameters = inspect.signature(fn).parameters
+    accepted = [name for name in parameters if name not in inputs]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return [], accepted
+    return sorted(given - set(accepted)), accepted
 
 
 class EngineSettings(BaseModel):
@@ -97,21 +110,44 @@ class AlgorithmSettings(EngineSettings):
     advantage_params: dict[str, Any] = Field(default_factory=dict,
                                              description="keyword arguments of the advantage function")
     policy_loss: PolicyLossName = "ppo_clip"
-    clip_low: float = Field(default=0.2, ge=0)
-    clip_high: float = Field(default=0.2, ge=0, description="> clip_low: DAPO clip-higher")
+    policy_loss_params: dict[str, Any] = Field(default_factory=dict,
+                                               description="keyword arguments of the policy loss (sapo: tau_pos, "
+                                                           "tau_neg; opmd: tau; topr: threshold)")
+    clip_low: float = Field(default=0.2, ge=0, description="ε_low: the ratio's lower bound is 1 − clip_low "
+                                                           "(veRL/Trinity clip_ratio_low); cispo: ≥ 1 = no bound")
+    clip_high: float = Field(default=0.2, ge=0, description="ε_high: the upper bound is 1 + clip_high; > clip_low: "
+                                                            "DAPO clip-higher (veRL/Trinity clip_ratio_high)")
+    clip_ratio_c: float | None = Field(default=None, gt=1,
+                                       description="dual-clip PPO: a negative advantage's loss is bounded by "
+                                                   "c·|A| (ppo_clip, decoupled_ppo); null = off (veRL's 3.0 is "
+                                                   "a common value)")
     loss_agg: LossAggregationName = "token-mean"
     entropy_coef: float = Field(default=0.0, description="entropy bonus: loss −= entropy_coef · agg(entropy)")
     kl_coef: float = Field(default=0.0, ge=0, description="KL as a loss term: loss += kl_coef · agg(KL(π‖π_ref))")
     kl_estimator: KlEstimatorName = "k3"
     kl_penalty_coef: float = Field(default=0.0, ge=0, description="KL as a reward penalty before advantages")
     kl_penalty_estimator: KlEstimatorName = "k1"
+    kl_ctrl: Literal["fixed", "adaptive"] = Field(
+        default="fixed", description="adaptive: kl_penalty_coef is the initial coefficient, moved after each step "
+                                     "toward target_kl (Ziegler et al. 2019; veRL kl_ctrl.type)")
+    target_kl: float = Field(default=0.1, gt=0, description="adaptive kl_ctrl: the per-token KL to hold")
+    kl_horizon: int = Field(default=10_000, ge=1, description="adaptive kl_ctrl: samples over which the "
+                                                               "coefficient closes the gap to target_kl")
     # True: the PPO ratio's denominator is the trainer's own logprob under the weights before the step (taken from
     # the training forward when the batch trains one update, else by one more forward pass: training/proximal.py);
     # False: the rollout engine's logprobs are used (exact up to numerics when rollouts are on-policy).
     recompute_old_logprobs: bool = True
-    tis: bool = Field(default=False, description="truncated IS on every experience (rollout/trainer mismatch); "
-                                                 "stale ones always get it")
-    tis_cap: float = Field(default=2.0, ge=1, description="a cap below 1 would down-weight on-policy tokens")
+    tis: bool = Field(default=False, description="the importance correction (is_correction) on every experience "
+                                                 "(rollout/trainer mismatch); stale ones always get it")
+    is_correction: ImportanceCorrectionName = Field(
+        default="tis", description="how the sampler/trainer ratio reweights the loss: tis (per token, truncated "
+                                   "at tis_cap), icepop (per token, masked outside [is_mask_low, is_mask_high]), "
+                                   "seq_tis / seq_mis (the sequence's ratio), geo_tis / geo_mis (its geometric "
+                                   "mean); plugins by the entry point streamrft.importance_corrections")
+    tis_cap: float = Field(default=2.0, ge=1, description="the truncation cap of *_tis; a cap below 1 would "
+                                                          "down-weight on-policy tokens")
+    is_mask_low: float = Field(default=0.5, ge=0, description="*_mis and icepop: ratios below this are masked")
+    is_mask_high: float = Field(default=2.0, gt=1, description="*_mis and icepop: ratios above this are masked")
     mask_truncated: bool = Field(default=False,
                                  description="keep truncated samples (cut by max_tokens, or a multi-turn episode cut "
                                              "by its turn or token budget) out of the loss; their rewards still "
@@ -127,6 +163,18 @@ class AlgorithmSettings(EngineSettings):
                                                 "plugins by the entry point streamrft.preference_losses")
     dpo_beta: float = Field(default=0.1, gt=0, description="β of the preference loss: how far the policy may move "
                                                           "from the reference (larger = less far)")
+    sft_loss: Literal["sft", "sft_phi"] = Field(default="sft", description="the loss of SFT rows: sft (negative "
+                                                                          "log-likelihood) or sft_phi (CHORD-φ's "
+                                                                          "p·(1 − p) token weights)")
+    # CHORD (Zhang et al. 2025): the SFT rows of trainer.mix weigh μ and the RL rows 1 − μ, μ on a schedule
+    mix_weighting: Literal["rows", "chord"] = Field(
+        default="rows", description="rows: each objective weighs its share of the step's rows; chord: SFT rows "
+                                    "weigh μ(step) and RL rows 1 − μ (DPO rows keep their share)")
+    chord_mu_peak: float = Field(default=0.1, ge=0, le=1, description="chord: μ after the warm-up")
+    chord_mu_valley: float = Field(default=0.1, ge=0, le=1, description="chord: μ after the decay")
+    chord_mu_warmup_steps: int = Field(default=0, ge=0, description="chord: steps of the linear rise of μ from 0")
+    chord_mu_decay_steps: int = Field(default=0, ge=0, description="chord: steps of the cosine decay of μ from "
+                                                                   "chord_mu_peak to chord_mu_valley")
 
     @property
     def reweights_every_row(self) -> bool:
@@ -145,17 +193,64 @@ class AlgorithmSettings(EngineSettings):
         """A misspelt parameter fails here, at load, instead of with a TypeError at the first training step."""
         if not self.advantage_params:
             return self
-        parameters = inspect.signature(ADVANTAGES.get(self.advantage)).parameters
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-            return self
-        accepted = [name for name in parameters if name not in ADVANTAGE_INPUTS + OPTIONAL_ADVANTAGE_INPUTS]
-        unknown = sorted(set(self.advantage_params) - set(accepted))
+        unknown, accepted = _unaccepted(ADVANTAGES.get(self.advantage), set(self.advantage_params),
+                                        ADVANTAGE_INPUTS + OPTIONAL_ADVANTAGE_INPUTS)
         if unknown:
             raise ValueError(
                 f"advantage_params {unknown} are not parameters of advantage {self.advantage!r}; it takes "
                 f"{', '.join(accepted) or 'none'}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _policy_loss_params_are_accepted(self) -> "AlgorithmSettings":
+        """As advantage_params: checked against the loss's signature, at load (which imports the loss's module)."""
+        given = set(self.policy_loss_params) | ({"clip_ratio_c"} if self.clip_ratio_c is not None else set())
+        if not given:
+            return self
+        if "clip_ratio_c" in self.policy_loss_params:
+            raise ValueError("clip_ratio_c is a key of trainer.algorithm itself, not of policy_loss_params")
+        unknown, accepted = _unaccepted(POLICY_LOSSES.get(self.policy_loss), given, POLICY_LOSS_INPUTS)
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: not a parameter of policy loss {self.policy_loss!r} (set in "
+                f"{'trainer.algorithm' if unknown == ['clip_ratio_c'] else 'policy_loss_params'}); it takes "
+                f"{', '.join(accepted) or 'none'}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _correction_band(self) -> "AlgorithmSettings":
+        if self.is_mask_low >= self.is_mask_high:
+            raise ValueError(f"is_mask_low ({self.is_mask_low}) must be below is_mask_high ({self.is_mask_high}): "
+                             "ratios outside [is_mask_low, is_mask_high] are masked")
+        return self
+
+    @model_validator(mode="after")
+    def _adaptive_kl_has_a_penalty(self) -> "AlgorithmSettings":
+        if self.kl_ctrl == "adaptive" and self.kl_penalty_coef <= 0:
+            raise ValueError("kl_ctrl: adaptive moves the KL reward penalty's coefficient, starting from "
+                             "kl_penalty_coef, which is 0; set kl_penalty_coef (e.g. 0.001) or kl_ctrl: fixed")
+        return self
+
+    @property
+    def policy_loss_kwargs(self) -> dict[str, Any]:
+        """The keywords the policy loss is called with."""
+        extra = {"clip_ratio_c": self.clip_ratio_c} if self.clip_ratio_c is not None else {}
+        return {"clip_low": self.clip_low, "clip_high": self.clip_high, **extra, **self.policy_loss_params}
+
+    @property
+    def correction_kwargs(self) -> dict[str, Any]:
+        """The keywords of :func:`streamrft.engines.algorithms.behaviour_weights` (bar ``rows``)."""
+        return {"correction": self.is_correction, "cap": self.tis_cap, "low": self.is_mask_low,
+                "high": self.is_mask_high}
+
+    def chord_mu(self, step: int) -> float:
+        """CHORD's SFT weight at optimiser step ``step`` (:func:`streamrft.engines.algorithms.chord.chord_mu`)."""
+        from ..algorithms.chord import chord_mu
+
+        return chord_mu(step, mu_peak=self.chord_mu_peak, mu_valley=self.chord_mu_valley,
+                        mu_warmup_steps=self.chord_mu_warmup_steps, mu_decay_steps=self.chord_mu_decay_steps)
 
     @model_validator(mode="after")
     def _distillation_once(self) -> "AlgorithmSettings":

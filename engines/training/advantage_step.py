@@ -7,6 +7,7 @@ import torch
 
 from ..algorithms import distill, kl_penalty
 from ..algorithms.catalog import ADVANTAGES, KL_ESTIMATORS
+from ..algorithms.kl_control import KlController
 from ..settings.training import TrainingSettings
 from .batch import Batch
 from .distillation import distill_metrics, keep_rows_with_teacher, teacher_inputs
@@ -16,16 +17,23 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / mask.sum().clamp(min=1))
 
 
-def fill_advantages(batch: Batch, settings: TrainingSettings) -> dict[str, float]:
+def fill_advantages(batch: Batch, settings: TrainingSettings,
+                    kl_ctrl: KlController | None = None) -> dict[str, float]:
     """Set ``batch.advantages`` (and narrow ``batch.response_mask`` to what is trained: rows a teacher did not
-    score when distilling, truncated samples with ``mask_truncated``); the metrics of what it did."""
+    score when distilling, truncated samples with ``mask_truncated``); the metrics of what it did. The KL reward
+    penalty's coefficient is ``kl_ctrl``'s (``settings.kl_penalty_coef`` without one), which this batch's KL
+    then updates."""
     s, mask, metrics = settings, batch.response_mask, {}
     token_rewards = batch.token_rewards
     if s.kl_penalty_coef > 0:
+        coef = kl_ctrl.coef if kl_ctrl is not None else s.kl_penalty_coef
         token_rewards = kl_penalty(token_rewards, batch.old_logprobs, batch.ref_logprobs, mask,
-                                   kl_coef=s.kl_penalty_coef, estimator=s.kl_penalty_estimator)
+                                   kl_coef=coef, estimator=s.kl_penalty_estimator)
         kl = KL_ESTIMATORS.get(s.kl_penalty_estimator)(batch.old_logprobs, batch.ref_logprobs)
         metrics["actor/kl_penalty"] = masked_mean(kl, mask)
+        metrics["actor/kl_coef"] = coef
+        if kl_ctrl is not None:
+            kl_ctrl.update(metrics["actor/kl_penalty"], n_steps=len(batch))
     if s.uses_teacher:  # on-policy distillation: rows without the teacher's logprobs stay out of the loss
         metrics["distill/rows_without_teacher"] = float(keep_rows_with_teacher(batch))
         mask = batch.response_mask

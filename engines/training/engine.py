@@ -27,7 +27,8 @@ import torch
 
 from streamrft.schemas import Experience
 
-from ..algorithms import truncated_importance_weights
+from ..algorithms import behaviour_weights, truncated_importance_weights
+from ..algorithms.kl_control import KlController
 from ..lora import published_name
 from ..settings.lora import LoraSettings
 from ..models import MODEL_LOAD_LOCK
@@ -107,6 +108,9 @@ class TrainingEngine:
             params, lr=s.lr, betas=s.betas, eps=s.adam_eps, weight_decay=s.weight_decay
         )
         self.scheduler = build_scheduler(self.optimizer, s)
+        # the KL reward penalty's coefficient (moves under kl_ctrl: adaptive; checkpointed with the engine)
+        self.kl_ctrl = KlController(s.kl_penalty_coef, s.target_kl if s.kl_ctrl == "adaptive" else None,
+                                    s.kl_horizon)
         self._step = 0
         self._grads_pending = False
 
@@ -154,6 +158,7 @@ class TrainingEngine:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self._step,
+            "kl_ctrl": self.kl_ctrl.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -163,6 +168,7 @@ class TrainingEngine:
             self._load_adapters(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.restore_schedule(state["scheduler"], int(state["step"]))
+        self.kl_ctrl.load_state_dict(state.get("kl_ctrl"))
 
     def restore_schedule(self, scheduler_state: dict[str, Any], step: int) -> None:
         self.scheduler.load_state_dict(scheduler_state)
@@ -255,15 +261,15 @@ class TrainingEngine:
             batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
         if self.ref_model is not None:
             batch.ref_logprobs = self.compute_logprobs(batch, self.ref_model)
-        metrics = fill_advantages(batch, s)
+        metrics = fill_advantages(batch, s, self.kl_ctrl)
         mask = batch.response_mask
         if recompute and not in_pass:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
             seen = truncated_importance_weights(batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap)
             metrics.update(seen.metrics())
         if corrected.any() and not in_pass:
-            batch.loss_weights = truncated_importance_weights(
-                batch.old_logprobs, batch.behaviour_logprobs, mask, cap=s.tis_cap, rows=corrected
-            ).weights
+            batch.loss_weights, applied = behaviour_weights(batch.old_logprobs, batch.behaviour_logprobs, mask,
+                                                            rows=corrected, **s.correction_kwargs)
+            metrics.update(applied.metrics())
         batch.metrics = metrics | batch_metrics(batch, corrected)
         return batch
 
@@ -279,7 +285,7 @@ class TrainingEngine:
         if batch.advantages is None or (batch.old_logprobs is None and not batch.proximal_in_pass):
             raise RuntimeError("batch is not prepared: call TrainingEngine.prepare() first")
         s = self.settings
-        proximal = InPassProximal(batch, self.parallel, s.tis_cap) if batch.proximal_in_pass else None
+        proximal = InPassProximal(batch, self.parallel, s.correction_kwargs) if batch.proximal_in_pass else None
         self.begin_accumulation()
         norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
         tally = LossTally()

@@ -46,6 +46,7 @@ class Checkpointed(Protocol):
     scheduler: Any
     lora: Any  # LoraSettings | None: under LoRA only the adapters are kept
     device: torch.device
+    kl_ctrl: Any  # algorithms.kl_control.KlController: the KL penalty's coefficient, when adaptive
 
     @property
     def step(self) -> int: ...
@@ -275,8 +276,11 @@ def _sharded_state(engine: Checkpointed) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(engine.model, engine.optimizer, options=_state_options(engine))
-    return {"model": model_state, "optimizer": optimizer_state,
-            "scheduler": engine.scheduler.state_dict(), "step": engine.step}
+    state = {"model": model_state, "optimizer": optimizer_state,
+             "scheduler": engine.scheduler.state_dict(), "step": engine.step}
+    if engine.kl_ctrl.adaptive:  # only then: a checkpoint of a fixed-coefficient run has no such key to load
+        state["kl_ctrl"] = engine.kl_ctrl.state_dict()
+    return state
 
 
 def _state_options(engine: Checkpointed):
@@ -296,6 +300,7 @@ def _load_sharded(engine: Checkpointed, directory: Path) -> None:
     set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"], options=_state_options(engine))
     engine.restore_schedule(state["scheduler"], int(state["step"]))
+    engine.kl_ctrl.load_state_dict(state.get("kl_ctrl"))
 
 
 def strategy(name: str, **options: Any) -> SingleProcess:

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ..algorithms import truncated_importance_weights
+from ..algorithms import behaviour_weights, no_corrections, truncated_importance_weights
 from ..settings.training import TrainingSettings
 from .batch import Batch
 
@@ -31,10 +31,12 @@ from .batch import Batch
 class InPassProximal:
     """Collects one backward pass's proximal logprobs, IS weights and mismatch statistics (this rank's rows)."""
 
-    def __init__(self, batch: Batch, parallel, cap: float):
+    def __init__(self, batch: Batch, parallel, correction: dict):
         self.batch = batch
         self.parallel = parallel
-        self.cap = cap
+        self.correction = correction  # behaviour_weights' keywords (TrainingSettings.correction_kwargs)
+        self.cap = correction["cap"]
+        self.applied = no_corrections(**correction)  # this rank may hold no corrected row
         self.rows = parallel.rows(len(batch))
         self.logprobs = batch.behaviour_logprobs.new_zeros((len(self.rows), batch.response_width))
         self.weights = torch.ones_like(self.logprobs) if self._reweights(batch) else None
@@ -60,8 +62,9 @@ class InPassProximal:
             self.ratio_min = min(self.ratio_min, seen.ratio_min)
             self.ratio_max = max(self.ratio_max, seen.ratio_max)
         if self._reweights(micro):
-            micro.loss_weights = truncated_importance_weights(proximal, micro.behaviour_logprobs, mask,
-                                                              cap=self.cap, rows=micro.reweighted_rows).weights
+            micro.loss_weights, applied = behaviour_weights(proximal, micro.behaviour_logprobs, mask,
+                                                            rows=micro.reweighted_rows, **self.correction)
+            self.applied.add(applied)
         if rows:
             local = [row - self.rows.start for row in rows]
             self.logprobs[local, : proximal.shape[1]] = proximal
@@ -78,11 +81,16 @@ class InPassProximal:
         ratio_sum, tokens, truncated = self.parallel.sum([self.ratio_sum, self.tokens, self.truncated])
         ratio_max = self.parallel.max(self.ratio_max)
         ratio_min = -self.parallel.max(-self.ratio_min)
+        applied = {}
+        if self.weights is not None:  # the same on every rank: the batch's
+            self.applied.flagged, self.applied.units, self.applied.weight_sum, self.applied.tokens = \
+                self.parallel.sum(self.applied.sums())
+            applied = self.applied.metrics()
         if not tokens:
             return {"actor/is_ratio_mean": 1.0, "actor/is_ratio_min": 1.0, "actor/is_ratio_max": 1.0,
-                    "actor/is_truncated_frac": 0.0}
+                    "actor/is_truncated_frac": 0.0, **applied}
         return {"actor/is_ratio_mean": ratio_sum / tokens, "actor/is_ratio_min": ratio_min,
-                "actor/is_ratio_max": ratio_max, "actor/is_truncated_frac": truncated / tokens}
+                "actor/is_ratio_max": ratio_max, "actor/is_truncated_frac": truncated / tokens, **applied}
 
 
 def proximal_in_pass_possible(model: torch.nn.Module, settings: TrainingSettings) -> bool:

@@ -4,13 +4,16 @@ RL rows in one optimiser step. No Kafka, no config.
 **Weighting.** Each objective's loss is averaged over its own rows: SFT over its trained tokens (token mean), DPO
 over its pairs, RL by the configured aggregation. The step's loss is their sum, each weighted by the objective's
 share of the batch's rows: ``L = Σ_o (n_o / n) · L_o``. So a 10 % SFT share of the rows is a 10 % share of the
-loss, and a batch of one objective trains exactly as that objective alone.
+loss, and a batch of one objective trains exactly as that objective alone. With ``mix_weighting: chord`` the RL
+and SFT losses are weighed ``1 − μ`` and ``μ`` instead, μ on CHORD's schedule over the steps
+(:func:`~streamrft.engines.algorithms.chord.chord_weights`).
 
 **Only RL rows reach the RL machinery** (advantages, old logprobs, KL, staleness, importance weights): an SFT row
 in a GRPO group would move its baseline, and a supervised row has no behaviour policy to correct for.
 
 **SFT:** ``L = −(1/T) Σ_t m_t · log π(y_t)``, the negative log-likelihood of the T assistant tokens
-(``action_mask``) of the step's SFT rows: the ``sft`` policy loss, token-mean aggregated.
+(``action_mask``) of the step's SFT rows: the ``sft`` policy loss, token-mean aggregated (``sft_loss: sft_phi``:
+CHORD-φ's token weights).
 
 **DPO:** a pair is a group of two records, ``run_index`` 0 the chosen response and 1 the rejected, with the same
 prompt. Their ``logprobs`` are the reference policy's: ``streamrft data produce --as dpo`` computed them with the
@@ -35,6 +38,7 @@ import torch
 from streamrft.schemas import Experience, Objective
 
 from ..algorithms import POLICY_LOSSES, PREFERENCE_LOSSES, token_mean
+from ..algorithms.chord import chord_weights
 from ..settings.training import TrainingSettings
 from .batch import Batch
 from .logprobs import response_logprobs
@@ -50,6 +54,9 @@ class StepEngine(Protocol):
     model: torch.nn.Module
     train_model: torch.nn.Module  # the model as wrapped for training (DDP / FSDP)
     autocast_dtype: torch.dtype | None
+
+    @property
+    def step(self) -> int: ...  # optimiser steps taken: CHORD's schedule runs on it
 
     def prepare(self, experiences: Any, needs_correction: Any = None, *, one_update: bool = False) -> Batch: ...
 
@@ -135,17 +142,24 @@ def train_mixed_step(engine: StepEngine, split: ObjectiveSplit) -> dict[str, flo
     """One optimiser step on RL and supervised rows together (module docstring: each objective's loss weighted
     by its share of the rows)."""
     metrics: dict[str, float] = {}
+    shares = split.share(split.rl), split.share(split.sft), split.share(split.dpo)
+    if engine.settings.mix_weighting == "chord":
+        mu = engine.settings.chord_mu(engine.step)
+        rl_weight, sft_weight, dpo_weight = chord_weights(mu, *shares)
+        metrics["mix/chord_mu"] = mu
+    else:
+        rl_weight, sft_weight, dpo_weight = shares
     if split.rl:
         batch = engine.prepare(split.rl, split.rl_flags, one_update=True)
         metrics.update(batch.metrics)
-        metrics.update(engine.backward(batch, weight=split.share(split.rl)))
+        metrics.update(engine.backward(batch, weight=rl_weight))
     if split.sft:
-        metrics.update(sft_backward(engine, engine.collate(split.sft), weight=split.share(split.sft)))
+        metrics.update(sft_backward(engine, engine.collate(split.sft), weight=sft_weight))
     if split.dpo:
-        metrics.update(dpo_backward(engine, engine.collate(split.dpo), weight=split.share(split.dpo)))
+        metrics.update(dpo_backward(engine, engine.collate(split.dpo), weight=dpo_weight))
     metrics.update(engine.apply_gradients())
-    metrics.update({"mix/rl_share": split.share(split.rl), "mix/sft_share": split.share(split.sft),
-                    "mix/dpo_share": split.share(split.dpo)})
+    metrics.update({"mix/rl_share": shares[0], "mix/sft_share": shares[1], "mix/dpo_share": shares[2],
+                    "mix/rl_weight": rl_weight, "mix/sft_weight": sft_weight})
     return metrics
 
 
@@ -153,7 +167,7 @@ def sft_backward(engine: StepEngine, batch: Batch, weight: float = 1.0) -> dict[
     """Accumulate ``weight`` × the SFT loss of ``batch``'s rows (token mean over all of them, whatever the
     micro-batches and ranks); returns ``sft/*`` metrics."""
     engine.begin_accumulation()
-    nll = POLICY_LOSSES.get("sft")
+    nll = POLICY_LOSSES.get(engine.settings.sft_loss)
     num_tokens = float(batch.response_mask.sum())
     total = 0.0
     micro_batches = list(engine.parallel.micro_batches(batch, engine.settings.micro_batch_size))

@@ -197,10 +197,14 @@ KNOB_VALUES = {
     "mixed_precision": "no", "gradient_checkpointing": True,
 }
 ALGORITHM_VALUES = {
-    "advantage": "reinforce_plus_plus", "advantage_params": {"gamma": 0.9}, "policy_loss": "gspo", "clip_low": 0.1,
-    "clip_high": 0.3, "loss_agg": "seq-mean-token-sum", "entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k2",
-    "kl_penalty_coef": 0.02, "kl_penalty_estimator": "k3", "recompute_old_logprobs": False, "tis": True,
-    "tis_cap": 3.0, "mask_truncated": True, "distill_coef": 0.5, "preference_loss": "ipo", "dpo_beta": 0.2,
+    "advantage": "reinforce_plus_plus", "advantage_params": {"gamma": 0.9}, "policy_loss": "sapo",
+    "policy_loss_params": {"tau_pos": 0.5}, "clip_low": 0.1, "clip_high": 0.3, "clip_ratio_c": None,  # ppo_clip's
+    "loss_agg": "seq-mean-token-sum", "entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k2",
+    "kl_penalty_coef": 0.02, "kl_penalty_estimator": "k3", "kl_ctrl": "adaptive", "target_kl": 0.05,
+    "kl_horizon": 500, "recompute_old_logprobs": False, "tis": True, "is_correction": "seq_mis", "tis_cap": 3.0,
+    "is_mask_low": 0.2, "is_mask_high": 3.0, "mask_truncated": True, "distill_coef": 0.5, "preference_loss": "ipo",
+    "dpo_beta": 0.2, "sft_loss": "sft_phi", "mix_weighting": "chord", "chord_mu_peak": 0.5, "chord_mu_valley": 0.05,
+    "chord_mu_warmup_steps": 3, "chord_mu_decay_steps": 7,
 }
 
 

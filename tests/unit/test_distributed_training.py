@@ -23,8 +23,10 @@ pytestmark = [pytest.mark.model]
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3  # trained by the ranks; one more step checks the resumed optimiser state
 VARIANTS = {
-    # GRPO with a KL loss (a reference model, sharded too) and an entropy bonus, micro-batches of 2
-    "grpo_kl": TrainingSettings(lr=1e-3, micro_batch_size=2, kl_coef=0.1, entropy_coef=0.01),
+    # GRPO with a KL loss (a reference model, sharded too) and an entropy bonus, micro-batches of 2; a KL reward
+    # penalty whose adaptive coefficient the ranks move alike and the sharded checkpoint keeps
+    "grpo_kl": TrainingSettings(lr=1e-3, micro_batch_size=2, kl_coef=0.1, entropy_coef=0.01, kl_penalty_coef=0.05,
+                                kl_ctrl="adaptive", target_kl=1e-4, kl_horizon=8),
     # REINFORCE++ (whitened over the whole batch), per-sequence loss, truncated IS on every row
     "reinforce": TrainingSettings(lr=1e-3, micro_batch_size=3, advantage="reinforce_plus_plus",
                                   loss_agg="seq-mean-token-mean", tis=True),
@@ -91,6 +93,7 @@ def test_two_gloo_ranks_train_like_one_process(tmp_path, strategy, variant):
     resumed = TrainingEngine(tiny_model(seed=1), VARIANTS[variant], device="cpu", ref_model=tiny_model())
     resumed.load_state(state)
     assert resumed.step == single.step == STEPS and resumed.lr == single.lr
+    assert resumed.kl_ctrl.coef == pytest.approx(single.kl_ctrl.coef, rel=1e-6)
     for name, tensor in resumed.named_weights():
         torch.testing.assert_close(tensor, weights[name], rtol=1e-4, atol=1e-5, msg=name)
     after_single = single.train_step(batches()[STEPS])
