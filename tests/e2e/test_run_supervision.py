@@ -1,7 +1,8 @@
-"""`streamrft run` supervises its roles: a rollout worker SIGKILLed mid-run is started again (restart 1, shown
-on the launcher's output), resumes from its group's committed offsets, and the run finishes with every task's
-experiences present exactly once (the chaos bench's checks, bench/chaos.py). The fake inference engine and a tiny
-model keep it short."""
+"""`streamrft run` supervises its roles: each role process SIGKILLed mid-run in turn (a rollout worker, the
+explorer, the trainer, the monitor) is started again (restart 1, shown on the launcher's output) and resumes (the
+worker from its group's committed offsets, the explorer from its state record, the trainer from its checkpoint),
+and the run finishes with every task's experiences present exactly once and nothing trained twice (the chaos
+bench's checks, bench/chaos.py). The fake inference engine and a tiny model keep it short."""
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ from ..integration.chaos_harness import chaos_module
 
 pytestmark = [pytest.mark.kafka, pytest.mark.model, pytest.mark.slow]
 
-STEPS, BATCH, REPEAT = 5, 4, 4
+STEPS, BATCH, REPEAT = 8, 4, 4
+# after which finished step each role is killed (the launcher prints "step N: ..." as steps finish)
+KILLS = ((0, "rollout-0"), (2, "explorer"), (4, "train"), (5, "monitor"))
 
 
 def _write_run(tmp_path: Path, tiny_model_dir: Path) -> Path:
@@ -49,43 +52,59 @@ def _write_run(tmp_path: Path, tiny_model_dir: Path) -> Path:
     return path
 
 
-def _role_pid(launcher: int, worker_id: str) -> int:
-    """The pid of the launcher's child that runs ``worker_id`` (Linux /proc)."""
+def _role_pid(launcher: int, word: str) -> int:
+    """The pid of the launcher's child whose command line has ``word`` (a worker id, or the role's command)."""
     for pid in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
-        if worker_id.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+        if word.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
             return int(pid)
-    raise AssertionError(f"no {worker_id} process under the launcher (pid {launcher})")
+    raise AssertionError(f"no {word} process under the launcher (pid {launcher})")
 
 
-def test_a_rollout_worker_killed_mid_run_is_restarted_and_nothing_is_lost_or_doubled(tmp_path, tiny_model_dir):
+def test_each_role_killed_mid_run_is_restarted_and_nothing_is_lost_or_doubled(tmp_path, tiny_model_dir):
+    chaos = chaos_module()
     path = _write_run(tmp_path, tiny_model_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMRFT_")} | {"COLUMNS": "400"}
     proc = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "run", str(path), "--no-dashboard"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path)
     seen: list[str] = []
-    deadline = time.monotonic() + 180
-    for line in proc.stdout:  # wait for the first finished step: every role is up and working
+    lifetimes = []
+    kills = list(KILLS)
+    deadline = time.monotonic() + 300
+    for line in proc.stdout:  # each kill after its step has finished: every role is up and working by then
         seen.append(line)
-        if line.startswith("step 0:"):
+        if kills and line.startswith(f"step {kills[0][0]}:"):
+            _, word = kills.pop(0)
+            os.kill(_role_pid(proc.pid, word), signal.SIGKILL)
+            if word == "train":  # what this lifetime trained, before its successor truncates it to its checkpoint
+                lifetimes.append(_trainer_lifetime(chaos, tmp_path / "checkpoints"))
+        if not kills:
             break
         assert time.monotonic() < deadline, "".join(seen)[-5000:]
-    os.kill(_role_pid(proc.pid, "rollout-0"), signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=240)
+    rest, _ = proc.communicate(timeout=300)
     output = "".join(seen) + rest
     assert proc.returncode == 0, output[-5000:]
-    assert "rollout-0 killed by SIGKILL (-9); restarting it in 0.5s (restart 1" in output, output[-5000:]
-    assert "rollout-0 restarted (restart 1, pid" in output and "restarts: rollout-0 1" in output, output[-5000:]
-    log = (tmp_path / "run" / "logs" / "rollout-0.log").read_text()
-    assert log.count("restarted by streamrft run (restart 1) after a crash") == 1
+    for role in ("rollout-0", "explorer", "trainer", "monitor"):
+        assert f"{role} killed by SIGKILL (-9); restarting it in 0.5s (restart 1" in output, output[-5000:]
+        assert f"{role} restarted (restart 1, pid" in output, output[-5000:]
+        log = (tmp_path / "run" / "logs" / f"{role}.log").read_text()
+        assert log.count("restarted by streamrft run (restart 1) after a crash") == 1, role
+    assert "restarts: explorer 1, monitor 1, rollout-0 1, trainer 1" in output, output[-5000:]
 
-    chaos = chaos_module()
     config = load_config(path, env={})
     with EmbeddedBroker(config.broker, data_dir=config.output_dir / "kafka", keep_data=True) as broker:
         config = config.on_cluster(broker.bootstrap_servers, None)
         observed = chaos.observe_topics(config, broker.bootstrap_servers, tmp_path / "checkpoints")
-    verdict = chaos.check(observed, [], STEPS)  # the trainer was never killed: no rolled-back lifetimes
+    verdict = chaos.check(observed, lifetimes, STEPS)
     assert verdict.violations == {}, verdict.violations
     figures = verdict.figures
     assert figures["duplicates"] == 0 and figures["lost"] == 0
     assert figures["tasks"] == figures["requests"] == STEPS * BATCH
     assert figures["results OK"] == STEPS * BATCH and figures["experiences"] == STEPS * BATCH * REPEAT
+
+
+def _trainer_lifetime(chaos, checkpoint_dir: Path):
+    from streamrft.consumers.trainer.checkpoints import Checkpoints
+
+    checkpoints = Checkpoints(checkpoint_dir, keep=1)
+    steps = checkpoints.steps()
+    return chaos.TrainerLifetime(1, "killed", checkpoints.audit(), steps[-1] if steps else -1)
