@@ -14,6 +14,7 @@ from typing import Callable, TypeVar
 
 from fastavro import schemaless_reader, schemaless_writer
 
+from .canonical_rules import BYTE_ORDER, Rule, describe_skips, match_skips
 from .compiled import CompiledRecord, Malformed, Truncated, Unsupported, compile_record
 from .contract import RECORD_NAMES, fingerprint64, parsed, previous_schemas, schema_json
 from .records import RECORD_TYPES, Record
@@ -43,14 +44,34 @@ class UnknownMagicError(DecodeError):
 
 
 class UnknownFingerprintError(DecodeError):
+    """A single-object payload whose fingerprint no known writer schema has. ``skipped``: the record it is
+    when its fingerprint is that record's schema computed without some steps of the canonical form."""
+
     reason = "unknown-fingerprint"
 
-    def __init__(self, fp: bytes):
+    def __init__(self, fp: bytes, skipped: tuple[str, bytes, frozenset[Rule]] | None = None):
         self.fingerprint = fp
-        super().__init__(
-            f"unknown schema fingerprint {fp.hex()}: no known writer schema has it; register the writer's "
-            f"schema with SingleObjectCodec.register_writer_schema() or upgrade streamrft"
-        )
+        self.skipped = skipped
+        if skipped is not None:
+            name, spec_fp, rules = skipped
+            how = ("in the wrong byte order" if BYTE_ORDER in rules else
+                   "computed over a form that is not Avro's Parsing Canonical Form")
+            detail = (f"it is the {name} schema's fingerprint {how}: {describe_skips(rules)}. Compute it over "
+                      f"the canonical form and write it little-endian (the "
+                      f"{name} schema's fingerprint is {spec_fp.hex()} on the wire; `streamrft schemas` prints "
+                      "each record type's form and fingerprint), or produce through a schema registry")
+        else:
+            detail = ("no known writer schema has it. A writer of the contract's schemas whose library computes "
+                      f"fingerprints over another form gets this: {SPEC_STEPS}. An evolved schema of the writer's "
+                      "own is known only through a schema registry (schema_registry.url) or "
+                      "SingleObjectCodec.register_writer_schema()")
+        super().__init__(f"unknown schema fingerprint {fp.hex()}: {detail}")
+
+
+# The steps of the canonical form libraries are known to skip, for the message of an unknown fingerprint.
+SPEC_STEPS = ('the Parsing Canonical Form drops logicalType, writes {"type":"long"} as "long" and names named types '
+              'by their full names; hamba/avro and goavro compute fingerprints without the first two steps; '
+              '`streamrft schemas` prints each record type\'s canonical form and fingerprint')
 
 
 class TruncatedRecordError(DecodeError):
@@ -102,6 +123,8 @@ class SingleObjectCodec:
         self._fast_encode: dict[str, Callable[[Record], bytes]] = {}  # record name -> generated encoder
         # fingerprint -> (record name, parsed writer schema, generated decoder or None: fastavro resolves it)
         self._by_fingerprint: dict[bytes, tuple[str, dict, Callable | None]] = {}
+        self._sources: list[tuple[str, dict]] = []  # (record name, writer schema as written), for diagnoses
+        self._diagnosed: dict[bytes, tuple[str, bytes, frozenset[Rule]] | None] = {}
         for name in RECORD_NAMES:
             schema = schema_json(name)
             fp = fingerprint64(schema)
@@ -110,6 +133,7 @@ class SingleObjectCodec:
             self._writers[name] = (fp, current)
             self._readers[name] = current
             self._by_fingerprint[fp] = (name, current, compiled.decode if compiled else None)
+            self._sources.append((name, schema))
             if compiled is not None:
                 self._fast_encode[name] = compiled.encode
         for name, schema in previous_schemas():
@@ -121,7 +145,22 @@ class SingleObjectCodec:
             raise KeyError(f"unknown record {record_name!r}; known: {', '.join(RECORD_NAMES)}")
         fp = fingerprint64(schema)
         self._by_fingerprint[fp] = (record_name, parsed(schema), None)
+        self._sources.append((record_name, schema))
+        self._diagnosed.clear()
         return fp
+
+    def knows(self, fp: bytes) -> bool:
+        return fp in self._by_fingerprint
+
+    def diagnose(self, fp: bytes) -> tuple[str, bytes, frozenset[Rule]] | None:
+        """(record, its fingerprint, the canonical-form steps skipped) when ``fp`` is a known schema's
+        fingerprint computed without some steps of the canonical form, else None (computed once per ``fp``)."""
+        if fp not in self._diagnosed:
+            if len(self._diagnosed) > 1024:  # garbage fingerprints: keep the memo bounded
+                self._diagnosed.clear()
+            found = match_skips(fp, self._sources)
+            self._diagnosed[fp] = None if found is None else (found[0], self._writers[found[0]][0], found[1])
+        return self._diagnosed[fp]
 
     def fingerprint(self, record_type: type[Record]) -> bytes:
         return self._writers[record_type.schema_name][0]
@@ -158,7 +197,7 @@ class SingleObjectCodec:
         try:
             name, writer, fast = self._by_fingerprint[fp]
         except KeyError:
-            raise UnknownFingerprintError(fp) from None
+            raise UnknownFingerprintError(fp, self.diagnose(fp)) from None
         if expected is not None and expected.schema_name != name:
             raise WrongRecordTypeError(f"payload is a {name}, expected a {expected.schema_name}")
         if fast is not None:

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "tasks",
     "data",
     "tail",
+    "schemas",
     "model",
     "roles",
     "run",

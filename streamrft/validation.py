@@ -20,6 +20,8 @@ from streamrft.engines.weights.locations import check_lineage, check_manifest_ur
 from streamrft.engines.weights.signal_state import Announcement, DeliveryState
 from streamrft.schemas import (Experience, FeedbackReceipt, InvalidRecordError, Metric, Objective, RolloutRequest,
                                RolloutResult, SyncKind, SyncMethod, SyncSignal, Task, unpack_f32)
+from streamrft.schemas.experience_extras import check_extras
+from streamrft.schemas.payload_contract import PayloadError, check_payload
 
 MAX_ID_CHARS = 512  # task_id, request_id, group_id, eid: they are keys and appear in the explorer's state
 MAX_VERSION = 2**31 - 1  # weights versions and steps; anything above is a forged or corrupted record
@@ -46,7 +48,19 @@ def _check_count(value: int, what: str, minimum: int = 0) -> None:
 
 # -- tasks ----------------------------------------------------------------------------------------------------
 def check_task(task: Task, max_bytes: int | None = None) -> None:
-    """Ids present, payload a JSON object, repeat_times positive when given, size within ``max_bytes``."""
+    """A task as a producer wrote it (the ``tasks`` topics): :func:`check_task_fields`, and its payload as the
+    JSON Schemas of its workflow and of its reward describe it (``schemas/payloads/``; the reason names the
+    key)."""
+    payload = check_task_fields(task, max_bytes)
+    try:
+        check_payload(task.workflow, task.reward_fn, payload)
+    except PayloadError as exc:
+        _fail("bad-payload", f"task {task.task_id!r}: {exc}")
+
+
+def check_task_fields(task: Task, max_bytes: int | None = None) -> dict:
+    """Ids present, payload a JSON object (returned), repeat_times positive when given, size within
+    ``max_bytes``."""
     _check_id(task.task_id, "task_id")
     if not task.workflow:
         _fail("missing-workflow", f"task {task.task_id!r} names no workflow")
@@ -61,14 +75,18 @@ def check_task(task: Task, max_bytes: int | None = None) -> None:
         _fail("bad-payload", f"task {task.task_id!r}: payload is not JSON ({exc})")
     if not isinstance(payload, dict):
         _fail("bad-payload", f"task {task.task_id!r}: payload must be a JSON object, not {type(payload).__name__}")
+    return payload
 
 
 def check_request(request: RolloutRequest, max_task_bytes: int | None = None) -> None:
+    """Ids and counts in range and the task's fields. Not its payload's schema: a request is the explorer's,
+    and a payload its workflow cannot use (a task of a file taskset) FAILS with a result the explorer counts,
+    where a dead letter would leave its step waiting."""
     _check_id(request.request_id, "request_id")
     _check_count(request.step, f"request {request.request_id!r}: step")
     _check_count(request.repeat_times, f"request {request.request_id!r}: repeat_times", minimum=1)
     _check_count(request.min_model_version, f"request {request.request_id!r}: min_model_version")
-    check_task(request.task, max_task_bytes)
+    check_task_fields(request.task, max_task_bytes)
 
 
 # -- experiences ----------------------------------------------------------------------------------------------
@@ -115,6 +133,10 @@ def check_experience(experience: Experience, vocab_size: int | None = None, max_
         teacher = unpack_f32(e.teacher_logprobs)
         if not np.all(np.isfinite(teacher)) or np.any(teacher > 1e-3):
             _fail("bad-logprobs", f"{where}: teacher_logprobs must be finite and <= 0")
+    try:  # what the advantage estimators read of its metrics and info (ReMax's baseline, GiGPO's turns)
+        check_extras(e.metrics, e.info, response)
+    except ValueError as exc:
+        _fail("bad-extras", f"{where}: {exc}")
     if e.objective != Objective.RL:
         _check_supervised(e, where)
 

@@ -145,8 +145,8 @@ class Explorer:
             return False
         while not self.stop.requested and self._publish_next_step(unit):  # 1.
             pass
-        for duplicate in self.tasks.take_duplicates():  # read past with this unit's offsets (tasks.py)
-            unit.dead_letter(duplicate.letter(self.config.consumer_group("explorer")))
+        for refused in self.tasks.take_refused():  # read past with this unit's offsets (tasks.py)
+            unit.dead_letter(refused.letter(self.config.consumer_group("explorer")))
         if self._publishing_over and not self.window and not self.evals:
             return False
         # no waiting for results while this pass holds uncommitted work: the requests' deadlines already run

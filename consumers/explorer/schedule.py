@@ -43,8 +43,8 @@ class Taskset(Protocol):
     def restore(self, position: dict, blocks_before: int) -> None:
         """Go on from a state record's position."""
 
-    def take_duplicates(self) -> list:
-        """Records read that are not to be rolled out (their task id is taken), for the dead-letter topic."""
+    def take_refused(self) -> list:
+        """Records read that are not to be rolled out (a task id taken, another taskset's), for the DLQ."""
 
 
 def configured_tasksets(config: RunConfig) -> tuple[TasksetConfig, ...]:
@@ -92,15 +92,18 @@ class TaskSchedule:
         """A step can be composed now (some taskset has tasks; ``wait``: a streaming topic may be waited on)."""
         return any(not t.exhausted and t.ready(wait) for t in self.tasksets)
 
-    def take(self, step: int) -> list[tuple[int, Task]]:
-        """Step ``step``'s (epoch, task) pairs, drawn across the tasksets by weight (module docstring)."""
+    def take(self, step: int, count: int | None = None, draw: int = 0) -> list[tuple[int, Task]]:
+        """Step ``step``'s (epoch, task) pairs, drawn across the tasksets by weight (module docstring):
+        ``batch_size`` of them, or ``count`` for the step's extra round ``draw`` (dynamic sampling), whose draw is
+        seeded apart from the step's first."""
         taken: list[tuple[int, Task]] = []
         for attempt in range(len(self.tasksets) + 1):
             live = [t for t in self.tasksets if not t.exhausted and t.ready(wait=False)]
-            wanted = self.batch_size - len(taken)
+            wanted = (self.batch_size if count is None else count) - len(taken)
             if not live or not wanted:
                 break
-            rng = random.Random(f"{self.seed}:{step}" + (f":{attempt}" if attempt else ""))
+            seed = f"{self.seed}:{step}" + (f"+{draw}" if draw else "")
+            rng = random.Random(seed + (f":{attempt}" if attempt else ""))
             counts = Counter(t.name for t in rng.choices(live, weights=[self.weights[t.name] for t in live],
                                                           k=wanted))
             for taskset in live:
@@ -108,9 +111,9 @@ class TaskSchedule:
                     taken += taskset.take(counts[taskset.name])
         return taken
 
-    def take_duplicates(self) -> list:
-        """The task records read that are not to be rolled out (a topic taskset's duplicate ids), for the DLQ."""
-        return [duplicate for taskset in self.tasksets for duplicate in taskset.take_duplicates()]
+    def take_refused(self) -> list:
+        """The task records read that are not to be rolled out (a topic taskset's refusals), for the DLQ."""
+        return [refused for taskset in self.tasksets for refused in taskset.take_refused()]
 
     def observe(self, result: RolloutResult) -> None:
         for taskset in self.tasksets:

@@ -55,7 +55,7 @@ class FileTaskset:
     def ready(self, wait: bool) -> bool:
         return not self.exhausted
 
-    def take_duplicates(self) -> list:
+    def take_refused(self) -> list:
         return []  # a file's tasks are named by their line: no two share an id
 
     def take(self, count: int) -> list[tuple[int, Task]]:

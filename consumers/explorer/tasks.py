@@ -14,10 +14,18 @@ each reads only its own topic while it reads (``RecordConsumer.read_only``).
 **Task ids in a block are unique.** A record whose ``task_id`` another record of the same block already has is
 not rolled out: it is dead-lettered (``duplicate task_id (first at partition P offset O)``) with the transaction
 that moves past it. The same id in a later block is a task injected again, and is rolled out again.
+
+**A task keeps the ``taskset`` its producer wrote.** In a run without ``explorer.tasksets`` (one taskset, the
+``tasks`` topic) the field is the producer's label and goes to the request and its result as written. With
+``explorer.tasksets``, a topic is one taskset's and its results are counted by that name: a record naming another
+taskset is dead-lettered (``taskset-mismatch``, saying which name its topic takes), never renamed. A taskset's own
+``workflow`` / ``reward_fn`` settings do replace the task's (that is what they are for), so its payload is checked
+again against the schemas of what will run it (``bad-payload``, naming the key).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
 
@@ -27,6 +35,7 @@ from streamrft.kafka.consumer import Delivered
 from streamrft.kafka.dlq import DeadLetter, dead_letter
 from streamrft.lifecycle import StopSignal
 from streamrft.schemas import SingleObjectCodec, Task
+from streamrft.schemas.payload_contract import PayloadError, check_payload
 from streamrft.selection import Selector
 
 logger = logging.getLogger(__name__)
@@ -35,23 +44,19 @@ POLL_S = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
-class Duplicate:
-    """A task record whose id an earlier record of its block has (at ``first``: partition, offset)."""
+class Refused:
+    """A task record read that is not rolled out: ``reason`` is the DLQ's tag, ``detail`` says why and what to do."""
 
     item: Delivered[Task]
-    first: tuple[int, int]
-
-    @property
-    def reason(self) -> str:
-        return (f"duplicate task_id {self.item.record.task_id!r} (first at partition {self.first[0]} offset "
-                f"{self.first[1]}); give each task its own id, or inject it again later to roll it out again")
+    reason: str
+    detail: str
 
     def letter(self, group: str) -> DeadLetter:
         item = self.item
         return dead_letter(topic=item.topic, partition=item.partition, offset=item.offset,
                            key=None if item.key is None else item.key.encode(),
-                           value=SingleObjectCodec().encode(item.record), error=self.reason,
-                           reason="duplicate-task-id", stage="process", group=group, original_headers=item.headers)
+                           value=SingleObjectCodec().encode(item.record), error=self.detail,
+                           reason=self.reason, stage="process", group=group, original_headers=item.headers)
 
 
 class TopicTaskset:
@@ -77,7 +82,10 @@ class TopicTaskset:
         # (epoch, partition, offset) -> task, for the references in pending (a block that spans an epoch boundary
         # of a small topic can hold one record twice)
         self._by_ref: dict[tuple[int, int, int], Task] = {}
-        self.duplicates: list[Duplicate] = []  # read, not to be rolled out: for the dead-letter topic
+        self.refused: list[Refused] = []  # read, not to be rolled out: for the dead-letter topic
+        # with explorer.tasksets, a task's taskset must be this one's name; without, it is the producer's label
+        self.named = bool(config.explorer.tasksets)
+        self._refused_at: set[str] = set()  # where (topic[partition]@offset) of the records refused so far
 
     # -- the schedule's calls -------------------------------------------------------------------------------
     def ready(self, wait: bool) -> bool:
@@ -112,11 +120,31 @@ class TopicTaskset:
         self.selector.observe(result)
 
     def _as_mine(self, task: Task) -> Task:
-        """The task under this taskset's name (what its metrics are counted by), with the taskset's settings."""
+        """The task with this taskset's settings (its ``taskset`` is the producer's, checked in ``_refusal``)."""
         t = self.taskset
-        return dataclasses.replace(task, taskset=self.name, workflow=t.workflow or task.workflow,
-                                   reward_fn=t.reward_fn or task.reward_fn,
+        if not (t.workflow or t.reward_fn or t.repeat_times):
+            return task
+        return dataclasses.replace(task, workflow=t.workflow or task.workflow, reward_fn=t.reward_fn or task.reward_fn,
                                    repeat_times=t.repeat_times or task.repeat_times)
+
+    def _refusal(self, item: Delivered[Task]) -> Refused | None:
+        """Why ``item`` is not rolled out by this taskset, or None (module docstring)."""
+        task = item.record
+        if self.named and task.taskset != self.name:
+            return Refused(item, "taskset-mismatch", (
+                f"task {task.task_id!r} names taskset {task.taskset!r}, but {self.topic} feeds taskset {self.name!r} "
+                f"(explorer.tasksets): set the record's taskset to {self.name!r}, or produce it to the topic of "
+                f"its own taskset (`streamrft tasks produce FILE --taskset {task.taskset}`); the explorer counts "
+                "a task's results by the taskset it names and never renames one"))
+        if self.taskset.workflow or self.taskset.reward_fn:
+            mine = self._as_mine(task)
+            try:
+                check_payload(mine.workflow, mine.reward_fn, json.loads(mine.payload or "{}"))
+            except PayloadError as exc:
+                return Refused(item, "bad-payload", (
+                    f"task {task.task_id!r}: {exc}; taskset {self.name!r} runs its tasks with workflow "
+                    f"{mine.workflow!r} and reward {mine.reward_fn or 'the workflow default'!r}"))
+        return None
 
     def _read_block(self, wait: bool = True) -> None:
         """Fill ``pending`` with the next block of tasks, in the selector's order. Streaming (``epochs`` null)
@@ -146,7 +174,7 @@ class TopicTaskset:
             self.epoch += 1
             logger.info("explorer: end of taskset %s (%s); epoch %d starts", self.name, self.topic, self.epoch)
             self.consumer.rewind_to_start(topic=self.topic)
-        block = self._without_duplicates(block)
+        block = self._without_refused(self._without_duplicates(block))
         by_task = {id(item.record): (epoch, item) for epoch, item in block}
         ordered = self.selector.order([item.record for _, item in block], self.epoch, self.blocks)
         self.blocks += 1
@@ -157,7 +185,7 @@ class TopicTaskset:
             self._by_ref[(epoch, item.partition, item.offset)] = task
 
     def _without_duplicates(self, block: list[tuple[int, Delivered[Task]]]) -> list[tuple[int, Delivered[Task]]]:
-        """The block less the records whose task id an earlier record of it has (those go to ``duplicates``).
+        """The block less the records whose task id an earlier record of it has (those go to ``refused``).
         One record read twice (a block across an epoch boundary of a small topic) is not a duplicate."""
         first_at: dict[str, tuple[int, int]] = {}
         kept = []
@@ -166,14 +194,28 @@ class TopicTaskset:
             if first == (item.partition, item.offset):
                 kept.append((epoch, item))
             else:
-                self.duplicates.append(Duplicate(item, first))
+                self.refused.append(Refused(item, "duplicate-task-id", (
+                    f"duplicate task_id {item.record.task_id!r} (first at partition {first[0]} offset {first[1]}); "
+                    "give each task its own id, or inject it again later to roll it out again")))
                 logger.warning("explorer: %s: duplicate task_id %r (first at partition %d offset %d) is "
                                "dead-lettered", item.where, item.record.task_id, *first)
         return kept
 
-    def take_duplicates(self) -> list[Duplicate]:
-        duplicates, self.duplicates = self.duplicates, []
-        return duplicates
+    def _without_refused(self, block: list[tuple[int, Delivered[Task]]]) -> list[tuple[int, Delivered[Task]]]:
+        kept = []
+        for epoch, item in block:
+            refused = self._refusal(item)
+            if refused is None:
+                kept.append((epoch, item))
+            elif item.where not in self._refused_at:  # read again in a later epoch: dead-lettered once
+                self._refused_at.add(item.where)
+                self.refused.append(refused)
+                logger.warning("explorer: %s is dead-lettered: %s", item.where, refused.detail)
+        return kept
+
+    def take_refused(self) -> list[Refused]:
+        refused, self.refused = self.refused, []
+        return refused
 
     # -- after a restart ------------------------------------------------------------------------------------
     def restore(self, position: dict, blocks_before: int) -> None:

@@ -1,19 +1,30 @@
 """Record <-> bytes on a topic: Avro single-object encoding by default, the Confluent schema-registry wire
 format when ``schema_registry.url`` is set. Decoding recognises both framings whatever is configured for
-writing, so a topic can hold records from producers of either kind."""
+writing, so a topic can hold records from producers of either kind.
+
+Any writer schema that resolves against the reader's (Avro's rules: a field the reader lacks is skipped, one the
+writer lacks takes the reader's default) is read: through the registry, by the schema id of a Confluent-framed
+record, or by the fingerprint of a single-object one, looked up among the schemas registered under the topic's
+subject. Without a registry, a single-object record is read only when its fingerprint is one of the contract's
+(current or ``schemas/previous/``)."""
 from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import TypeVar
 
-from streamrft.schemas import DecodeError, Record, SingleObjectCodec, framing_of, schema_json
+from streamrft.schemas import (DecodeError, Record, SingleObjectCodec, UnknownFingerprintError, framing_of,
+                               schema_json)
 from streamrft.schemas.records import RECORD_TYPES
 from ..config import SchemaRegistryConfig
 from ..errors import ConfigError, SchemaIncompatibleError
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=Record)
+
+
+LOOKUP_INTERVAL_S = 5.0  # a subject's versions are listed again for an unknown fingerprint at most this often
 
 
 class RegistryNotConfiguredError(DecodeError):
@@ -29,6 +40,8 @@ class Serde:
         self._client = None
         self._serializers: dict[str, object] = {}
         self._deserializers: dict[str, object] = {}
+        self._versions_read: set[tuple[str, int]] = set()  # (subject, version) registered with the codec
+        self._listed_at: dict[str, float] = {}  # subject -> monotonic time its versions were last listed
 
     # -- encoding -------------------------------------------------------------------------------------------
     def encode(self, record: Record, topic: str) -> bytes:
@@ -59,8 +72,43 @@ class Serde:
         if data is None:
             raise DecodeError("record has no value (tombstone or null payload)")
         if framing_of(data) == "single-object":
+            try:
+                return self.codec.decode(data, expected)
+            except UnknownFingerprintError as exc:
+                if self.registry is None or expected is None or not self._learn_writer(exc.fingerprint, topic,
+                                                                                       expected):
+                    raise
             return self.codec.decode(data, expected)
         return self._decode_confluent(data, topic, expected)
+
+    def _learn_writer(self, fp: bytes, topic: str, expected: type[Record]) -> bool:
+        """Look ``fp`` up among the schemas registered under ``<topic>-value``; True when one has it (it is a
+        writer schema of ``expected`` from now on). Each version is fetched once; the versions are listed at
+        most every LOOKUP_INTERVAL_S per subject, so a run of garbage fingerprints does not flood the registry."""
+        subject = f"{topic}-value"
+        now = time.monotonic()
+        if now - self._listed_at.get(subject, -LOOKUP_INTERVAL_S) < LOOKUP_INTERVAL_S:
+            return False
+        self._listed_at[subject] = now
+        client = self._registry_client()
+        try:
+            versions = client.get_versions(subject)
+        except Exception as exc:  # noqa: BLE001 - an unknown subject (404) or a registry away: the record is unknown
+            logger.info("fingerprint %s: the versions of subject %s could not be listed (%s)", fp.hex(), subject, exc)
+            return False
+        for version in versions:
+            if (subject, version) in self._versions_read:
+                continue
+            self._versions_read.add((subject, version))
+            try:  # every version of the subject is a writer schema of the topic's record type
+                schema = json.loads(client.get_version(subject, version).schema.schema_str)
+                known = self.codec.register_writer_schema(expected.schema_name, schema)
+            except Exception as exc:  # noqa: BLE001 - a schema with references, or not Avro: not a single-object writer
+                logger.info("subject %s version %s is not a self-contained Avro schema (%s)", subject, version, exc)
+                continue
+            logger.info("writer schema %s of %s: version %s of subject %s", known.hex(), expected.schema_name,
+                        version, subject)
+        return self.codec.knows(fp)
 
     def _decode_confluent(self, data: bytes, topic: str, expected: type[R] | None) -> R:
         if self.registry is None:

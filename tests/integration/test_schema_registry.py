@@ -178,3 +178,38 @@ def test_url_embedded_starts_a_registry_for_the_run_and_a_role_alone_is_told_wha
     with registry_for(config) as resumed:  # a new JVM on the run's schema store: the record's id still resolves
         clients = KafkaClients(resumed, config.kafka.bootstrap_servers)
         assert clients.serde.decode(written, config.topic("tasks"), Task).task_id == "t0"
+
+
+def test_an_evolved_writer_is_accepted_by_the_registry_and_read_in_either_framing(registry):
+    """A foreign producer evolves Task (a field added with a default; the fields the reader has defaults for
+    left out): the registry's BACKWARD rule accepts it under the subject that holds the contract, and a
+    streamrft reader reads its records, Confluent-framed by schema id and single-object-framed by fingerprint
+    (looked up among the subject's versions)."""
+    import uuid
+
+    from confluent_kafka.schema_registry import Schema
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from streamrft.config import SchemaRegistryConfig
+    from streamrft.kafka.serde import Serde
+    from streamrft.schemas import SingleObjectCodec
+
+    topic = f"rft.t{uuid.uuid4().hex[:10]}.tasks"
+    serde = Serde(SchemaRegistryConfig(url=registry.url))
+    serde.encode(Task(task_id="t0", workflow="arithmetic", payload="{}"), topic)  # the contract, registered
+    evolved = json.loads(TASK_AVSC.read_text())
+    evolved["fields"] = [f for f in evolved["fields"]
+                         if f["name"] not in ("taskset", "reward_fn", "repeat_times", "created_at")]
+    evolved["fields"].append({"name": "priority", "type": "int", "default": 0})
+    client = _registry_client(registry.url)
+    client.register_schema(f"{topic}-value", Schema(json.dumps(evolved), "AVRO"))  # no 409: compatible
+    assert len(client.get_versions(f"{topic}-value")) == 2
+    datum = {"task_id": "t9", "workflow": "arithmetic", "payload": "{}", "priority": 3}
+    expected = Task(task_id="t9", workflow="arithmetic", payload="{}", created_at=0)
+
+    confluent = AvroSerializer(client, json.dumps(evolved), conf={"auto.register.schemas": False,
+                                                                  "use.latest.version": True})
+    assert serde.decode(confluent(datum, SerializationContext(topic, MessageField.VALUE)), topic, Task) == expected
+    single = SingleObjectCodec().encode_with(evolved, datum)
+    assert Serde(SchemaRegistryConfig(url=registry.url)).decode(single, topic, Task) == expected

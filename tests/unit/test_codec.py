@@ -194,18 +194,18 @@ def test_record_written_by_an_older_schema_decodes_with_defaults():
 
 
 def test_every_added_field_has_a_default():
-    """Fields beyond each record's required core must carry defaults, or old writers break new readers."""
+    """Fields beyond each record's required core must carry defaults, or old writers break new readers.
+    ``created_at`` has one (0: the writer did not say), so a foreign writer may leave it out."""
     required = {
-        "Task": {"task_id", "workflow", "payload", "created_at"},
-        "RolloutRequest": {"request_id", "step", "kind", "task", "repeat_times", "created_at"},
+        "Task": {"task_id", "workflow", "payload"},
+        "RolloutRequest": {"request_id", "step", "kind", "task", "repeat_times"},
         "Experience": {"eid", "group_id", "task_id", "step", "kind", "run_index", "model_version", "tokens",
-                       "prompt_length", "logprobs", "reward", "created_at"},
-        "RolloutResult": {"request_id", "step", "task_id", "status", "n", "model_version", "duration_ms",
-                          "created_at"},
-        "SyncSignal": {"kind", "version", "created_at"},
-        "Metric": {"source", "role", "name", "value", "step", "created_at"},
+                       "prompt_length", "logprobs", "reward"},
+        "RolloutResult": {"request_id", "step", "task_id", "status", "n", "model_version", "duration_ms"},
+        "SyncSignal": {"kind", "version"},
+        "Metric": {"source", "role", "name", "value", "step"},
         "FeedbackReceipt": {"response_id", "choice", "reward", "eid", "group_id", "group_size", "run_index",
-                            "model_version", "created_at"},
+                            "model_version"},
     }
     for name in RECORD_NAMES:
         without_default = {f["name"] for f in schema_json(name)["fields"] if "default" not in f}

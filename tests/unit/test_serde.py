@@ -41,3 +41,79 @@ def test_confluent_framed_record_without_a_registry_is_a_clear_error():
     data = Serde(registry).encode(Task(task_id="t", workflow="w", payload="{}"), "rft.x.tasks")
     with pytest.raises(RegistryNotConfiguredError, match="schema_registry.url"):
         Serde().decode(data, "rft.x.tasks", Task)
+
+
+# -- writer schemas other than the contract's ---------------------------------------------------------------------
+def _evolved_task_schema() -> dict:
+    """Task as a foreign producer evolved it: a field added with a default, and without the fields the reader has
+    defaults for (taskset, reward_fn, repeat_times, created_at)."""
+    import json
+
+    from streamrft.schemas import schema_json
+
+    schema = json.loads(json.dumps(schema_json("Task")))
+    schema["fields"] = [f for f in schema["fields"]
+                        if f["name"] not in ("taskset", "reward_fn", "repeat_times", "created_at")]
+    schema["fields"].append({"name": "priority", "type": "int", "default": 0})
+    return schema
+
+
+EVOLVED = {"task_id": "t9", "workflow": "arithmetic", "payload": "{}", "priority": 3}
+
+
+def test_a_confluent_framed_evolved_writer_resolves_against_the_reader():
+    import json
+
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    serde = Serde(SchemaRegistryConfig(url=f"mock://{uuid.uuid4().hex}"))
+    topic = "rft.x.tasks"
+    # the mock registry lives in its client: the foreign writer shares the reader's
+    writer = AvroSerializer(serde._registry_client(), json.dumps(_evolved_task_schema()))
+    data = writer(EVOLVED, SerializationContext(topic, MessageField.VALUE))
+    assert data[0] == 0
+    task = serde.decode(data, topic, Task)
+    assert task == Task(task_id="t9", workflow="arithmetic", payload="{}", taskset="default", reward_fn=None,
+                        repeat_times=None, created_at=0)
+
+
+def test_a_single_object_evolved_writer_is_read_through_the_subject_and_refused_without_a_registry():
+    """With a registry, a single-object record's unknown fingerprint is looked up among the schemas registered
+    under the topic's subject; without one it is an unknown fingerprint, and the reason says so."""
+    import json
+
+    from confluent_kafka.schema_registry import Schema
+
+    from streamrft.schemas import SingleObjectCodec, UnknownFingerprintError
+
+    registry = SchemaRegistryConfig(url=f"mock://{uuid.uuid4().hex}")
+    topic = "rft.x.tasks"
+    schema = _evolved_task_schema()
+    data = SingleObjectCodec().encode_with(schema, EVOLVED)
+    with pytest.raises(UnknownFingerprintError, match="schema registry"):
+        Serde().decode(data, topic, Task)
+    serde = Serde(registry)
+    with pytest.raises(UnknownFingerprintError):  # not registered yet
+        serde.decode(data, topic, Task)
+    serde._registry_client().register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
+    serde._listed_at.clear()  # the next lookup would wait LOOKUP_INTERVAL_S
+    assert serde.decode(data, topic, Task) == Task(task_id="t9", workflow="arithmetic", payload="{}", created_at=0)
+
+
+def test_unknown_fingerprints_list_a_subject_at_most_once_per_interval():
+    from streamrft.schemas import UnknownFingerprintError
+
+    calls = []
+
+    class Counting:
+        def get_versions(self, subject):
+            calls.append(subject)
+            return []
+
+    serde = Serde(SchemaRegistryConfig(url=f"mock://{uuid.uuid4().hex}"))
+    serde._client = Counting()
+    for i in range(50):
+        with pytest.raises(UnknownFingerprintError):
+            serde.decode(b"\xc3\x01" + i.to_bytes(8, "little") + b"\x00", "rft.x.tasks", Task)
+    assert calls == ["rft.x.tasks-value"]
