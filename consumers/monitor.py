@@ -5,7 +5,8 @@ wins, so a record delivered twice never adds a row or a point):
 
 - Prometheus, on ``monitor.metrics_port``: a gauge per metric name (``rollout/reward_mean`` ->
   ``streamrft_rollout_reward_mean``) labelled ``role`` and ``source``, holding the value of the latest step,
-  and ``streamrft_metric_step{metric, role, source}`` holding that step;
+  and ``streamrft_metric_step{metric, role, source}`` holding that step; and the run's consumer groups' lag in
+  records, ``streamrft_consumer_group_lag_records{group, topic}`` (``lag_gauges.py``: what KEDA scales on);
 - the experiment trackers of ``monitor.trackers`` (:mod:`.trackers`): TensorBoard event files under
   ``<output_dir>/tensorboard``, an MLflow run, an offline W&B run; each gets every value, the run's config and
   the eval table;
@@ -36,6 +37,7 @@ from streamrft.lifecycle import StopSignal
 from streamrft.runtime import RoleRuntime
 from streamrft.schemas import Metric
 
+from .lag_gauges import GroupLagGauges
 from .trackers import eval_table, open_trackers
 
 logger = logging.getLogger(__name__)
@@ -247,6 +249,7 @@ class Monitor:
         self.runtime = RoleRuntime(config, clients, stop, role="monitor", source=source, follows_sync=False)
         self.registry = self.runtime.registry
         self.prometheus = PrometheusExport(self.registry)
+        self.lags = GroupLagGauges(self.registry, clients)
         for row in self.table.rows.values():  # a restarted monitor shows the last values at once
             self.prometheus.update(row)
         try:
@@ -278,6 +281,7 @@ class Monitor:
         self._idle_since = time.monotonic()
 
     def handle(self, unit) -> bool:
+        self.lags.maybe_sample()
         rejected_before = self.consumer.rejected
         batch = self.consumer.poll(MAX_RECORDS, POLL_S)  # 1.
         if not batch and self.consumer.rejected == rejected_before:

@@ -67,6 +67,16 @@ if [ "$dev" = 1 ]; then
   .venv/bin/streamrft s3 setup
   echo "==> resolving Apicurio Registry, the embedded schema registry (schema_registry.url: embedded) the tests use"
   .venv/bin/streamrft registry setup
+  echo "==> resolving Kafka's own tools (kafka-consumer-groups and others), which the replay tests run"
+  .venv/bin/python -m streamrft.broker.tools >/dev/null
+fi
+
+if [ "$dev" = 1 ]; then
+  # tests/interop's Go and Java clients, built now so that their tests start at once and download nothing (Go
+  # modules and Maven artifacts go to ~/.cache/streamrft-interop); without Go or a JDK those tests are skipped
+  echo "==> building the Go and Java clients of tests/interop"
+  .venv/bin/python tests/interop/toolchains.py \
+    || echo "setup.sh: the interop clients did not build (see above); tests/interop builds them again and says why" >&2
 fi
 
 if [ "$dev" = 1 ] && ! command -v chromium >/dev/null 2>&1; then

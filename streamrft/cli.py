@@ -11,7 +11,7 @@ import importlib
 import logging
 import sys
 
-from .errors import StreamrftError
+from .errors import OPERATOR_EXIT, OperatorNeeded, StreamrftError
 from .logs import configure_logging
 
 logger = logging.getLogger(__name__)
@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)
+    except OperatorNeeded as exc:  # not a crash: `streamrft run` leaves it stopped (launch/supervision.py)
+        print(f"streamrft: stopped: {exc}", file=sys.stderr)
+        return OPERATOR_EXIT
     except StreamrftError as exc:
         # Expected, explained failures (bad config, missing Java, ...): the message says how to fix it.
         logger.debug("failed", exc_info=True)

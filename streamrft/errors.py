@@ -5,6 +5,16 @@ class StreamrftError(Exception):
     """Base of errors whose message says what went wrong and how to fix it."""
 
 
+# sysexits' EX_CONFIG: a role that exits with it stopped for a decision only a person can make; `streamrft run`
+# does not restart it (a restart would meet the same state and stop again)
+OPERATOR_EXIT = 78
+
+
+class OperatorNeeded(StreamrftError):
+    """The role stops because carrying on needs a person's decision (its consumer group was reset by someone
+    else, ...); the message gives the ways on. Exit code :data:`OPERATOR_EXIT`."""
+
+
 class ConfigError(StreamrftError):
     """Invalid configuration, found at start-up."""
 

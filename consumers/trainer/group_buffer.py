@@ -92,4 +92,10 @@ class GroupBuffer:
         return sorted((i for g in self.groups.values() for i in g.items.values()),
                       key=lambda i: (i.topic, i.partition, i.offset))
 
-
+    def drop_partitions(self, partitions: set[tuple[str, int]]) -> int:
+        """Forget the groups read from ``partitions`` (a group is one key, so one partition); returns how many
+        experiences went."""
+        gone = [g for g in self.groups.values()
+                if any((i.topic, i.partition) in partitions for i in g.items.values())]
+        self.remove(gone)
+        return sum(len(g.items) for g in gone)

@@ -1,8 +1,10 @@
 """A trainer's line of checkpoints: where it starts reading, and each checkpoint after.
 
 It resumes from the newest checkpoint: seeks to *its* offsets (not the group's committed ones) and hands back its
-buffer, so nothing is trained twice or skipped. Without one, a new lineage starts at the replay point, the
-group's committed offsets or the beginning, recorded in a step-0 checkpoint (no weights). ``trained.jsonl`` in
+buffer, so nothing is trained twice or skipped; a group whose offsets someone else reset since stops it, or, with
+``--accept-offset-reset``, sends those partitions to the group's offsets (``group_offsets.py``). Without one, a new
+lineage starts at the replay point, the group's committed offsets or the beginning, recorded in a step-0
+checkpoint (no weights). ``trained.jsonl`` in
 the checkpoint directory lists the eids of every step of the surviving lineage.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from streamrft.kafka.consumer import Delivered, Offsets, RecordConsumer
 from streamrft.schemas import Experience, InvalidRecordError, SingleObjectCodec
 
 from .checkpoints import Checkpoints
+from .group_offsets import GroupOffsets
 from .mix import SupervisedMix
 from .replay import ReplayStart
 
@@ -39,8 +42,9 @@ class Start:
 class Lineage:
     def __init__(self, checkpoints: Checkpoints, clients: KafkaClients, consumer: RecordConsumer, *, source: str,
                  model_path: str, replay: ReplayStart | None, mix: SupervisedMix | None,
-                 check: Callable[[Experience], None]):
+                 check: Callable[[Experience], None], group_offsets: GroupOffsets):
         self.checkpoints = checkpoints
+        self.group_offsets = group_offsets
         self.clients = clients
         self.consumer = consumer
         self.topic = consumer.topics[0]
@@ -81,21 +85,31 @@ class Lineage:
         path = self.checkpoints.save(step, write_engine, self.consumer.positions(), entries,
                                      self._meta(published_version))
         self.checkpointed_step = step
+        self.group_offsets.checkpointed(step)
         logger.info("%s: checkpoint %s (%d buffered) in %.1fs", self.source, path, len(entries),
                     time.monotonic() - started)
 
     def _resume(self, path: Path, partitions: Offsets) -> Start:
         checkpoint = self.checkpoints.load(path)
+        positions = {tp: checkpoint.offsets.get(tp, low) for tp, low in partitions.items()}
+        elsewhere = self.group_offsets.resume(checkpoint.step, positions)  # a reset accepted, or OffsetReset
         removed = self.checkpoints.truncate_audit(checkpoint.step)
-        self.consumer.assign({tp: checkpoint.offsets.get(tp, low) for tp, low in partitions.items()})
+        self.consumer.assign({**positions, **elsewhere})
+        buffered = [e for e in checkpoint.buffered if (e["topic"], int(e["partition"])) not in elsewhere]
         if self.mix is not None:
             self.mix.assign(partitions, SupervisedMix.saved_offsets(checkpoint.meta))
         self.checkpointed_step = checkpoint.step
         logger.info("%s: resuming from %s: %d steps done (weights v%d), %d buffered experience(s), %d audit "
                     "entr%s of lost steps removed", self.source, path, checkpoint.step, checkpoint.step,
-                    len(checkpoint.buffered), removed, "y" if removed == 1 else "ies")
+                    len(buffered), removed, "y" if removed == 1 else "ies")
+        if elsewhere:
+            logger.warning("%s: reading from the group's offsets, not the checkpoint's: %s (%d buffered "
+                           "experience(s) of those partitions left to be read again)", self.source,
+                           ", ".join(f"[{p}]@{o} (checkpoint @{positions[(t, p)]})"
+                                     for (t, p), o in sorted(elsewhere.items())),
+                           len(checkpoint.buffered) - len(buffered))
         return Start(checkpoint.step, int(checkpoint.meta.get("published_version", -1)),
-                     tuple(self._restored(checkpoint.buffered)), checkpoint.path if checkpoint.has_model else None)
+                     tuple(self._restored(buffered)), checkpoint.path if checkpoint.has_model else None)
 
     def _restored(self, entries: list[dict]) -> Iterator[Delivered[Experience]]:
         for entry in entries:
@@ -126,6 +140,7 @@ class Lineage:
             self.mix.assign(partitions, offsets if self.replay is not None else None)
         self.checkpoints.save(0, None, offsets, [], {**self._meta(-1), "origin": True})  # the base model, no weights
         self.checkpointed_step = 0
+        self.group_offsets.begin(list(partitions))
         self.consumer.assign(offsets)
         logger.info("%s: new lineage from %s: %s", self.source, origin,
                     ", ".join(f"[{p}]@{o}" for (_, p), o in sorted(offsets.items())))

@@ -11,7 +11,9 @@ Each pass of the role loop (``RoleRuntime.run``: ``handle``, then the unit's com
 5. when pacing says so (every ``sync.interval`` steps) publish the weights (``publishing.py``) — upload first,
    then ``WEIGHTS_PUBLISHED`` (and, under ``trainer_driven``, a SYNC_REQUEST when one is due);
 6. the unit's commit: in ONE transaction the step's metrics (and the signals); then the trained-through offsets,
-   so the explorer's lag-based backpressure counts what is still untrained (buffered records stay uncommitted);
+   so the explorer's lag-based backpressure counts what is still untrained (buffered records stay uncommitted),
+   once the group is found to hold what the trainer committed last (``commits.py``, ``group_offsets.py``: a reset
+   by someone else stops the trainer, or with ``--accept-offset-reset`` moves its reader there);
 7. once that is committed, every ``save_interval`` steps checkpoint (``lineage.py``): model, optimiser,
    scheduler, step, the consumed offsets and the buffered-but-untrained experiences, written atomically.
 
@@ -41,7 +43,7 @@ from streamrft.engines.training import TrainingEngine
 from streamrft.engines.training.ranks import RankZeroEngine
 from streamrft.errors import ConfigError
 from streamrft.kafka import KafkaClients
-from streamrft.kafka.consumer import Delivered, Offsets
+from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
 from streamrft.runtime import RoleRuntime, UnitOfWork
@@ -50,6 +52,7 @@ from streamrft.validation import check_experience
 
 from .batches import BatchPicker
 from .checkpoints import Checkpoints
+from .commits import TrainedOffsets
 from .remote_checkpoints import RemoteCheckpoints
 from .engine import build_engine
 from .group_buffer import Group, GroupBuffer
@@ -63,14 +66,13 @@ from .replay import ReplayStart, parse_replay_from
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1
-RELEASE_INTERVAL_S = 1.0
 PRIMARY = "trainer"  # the group whose weights the run's workers follow
 OTHER_ROLES = ("explorer", "rollout", "monitor", "sync-view")
 
 
 class Trainer:
     def __init__(self, config: RunConfig, clients: KafkaClients, stop: StopSignal, *, group: str | None = None,
-                 replay_from: str | ReplayStart | None = None,
+                 replay_from: str | ReplayStart | None = None, accept_offset_reset: bool = False,
                  engine: TrainingEngine | RankZeroEngine | None = None):
         self.settings = config.trainer
         self.shape = config.shape
@@ -97,18 +99,19 @@ class Trainer:
         self.mix = (SupervisedMix(config, self.runtime, clients, self.consumer_group, self.source, fits_the_model)
                     if self.shape.trainer_mixes_supervised else None)
         self.publishing = WeightsPublishing(config, self.runtime, self.engine, self.source, primary=primary)
+        self.buffer = GroupBuffer(config.explorer.repeat_times)
+        self.commits = TrainedOffsets(self.consumer, self.buffer, self.mix, source=self.source,
+                                      accept_reset=accept_offset_reset,
+                                      checkpoint_step=lambda: self.lineage.checkpointed_step)
         self.lineage = Lineage(
             _checkpoints(config, name, primary), clients,
             self.consumer, source=self.source, model_path=config.model.path, replay=replay, mix=self.mix,
-            check=partial(check_experience, **fits_the_model))
+            check=partial(check_experience, **fits_the_model), group_offsets=self.commits.group)
         self.pairs = PairCheck(self.consumer_group, self.source, self.metrics)
-        self.buffer = GroupBuffer(config.explorer.repeat_times)
         self.buffer_cap = config.train_batch_size * pacing.buffered_steps
         self.batches = BatchPicker(config, self.buffer, self.consumer, clients, self.sync)
         self.step = 0
         self.trained = 0
-        self._released: Offsets = {}  # the offsets _release_passed_over committed last, and when
-        self._released_at = 0.0
 
     @property
     def endpoint(self):
@@ -127,6 +130,8 @@ class Trainer:
         """Catch up on ``sync``; go on from the lineage's newest checkpoint or begin one (``lineage.py``)."""
         self.sync.catch_up()
         self._take_over(self.lineage.start())
+        if self.commits.group.carries_accepted:  # the group's offsets become the trainer's, marked as accepted
+            self.commits.after_step(unit, self.step)
         self.batches.start()
         self.publishing.announce(unit, self.sync, self.step)
         logger.info("%s: ready after %d steps (group %s, %d buffered, staleness bound %d, checkpoints in %s)",
@@ -146,7 +151,7 @@ class Trainer:
         self.buffer.clear()  # the checkpoint hands back what it held
         if self.mix is not None:
             self.mix.clear()
-        self._released = {}
+        self.commits.forget_released()
         self._take_over(start)
         logger.info("%s: back to the checkpoint of step %d (%d buffered)", self.source, self.step, len(self.buffer))
 
@@ -173,26 +178,12 @@ class Trainer:
         if batch is not None:
             self._train(batch, unit)  # 4.-7.
             return self._more_to_train()
-        self._release_passed_over(unit)
+        self.commits.release(unit, self.step)
         return not self._stream_finished()
 
     def _more_to_train(self) -> bool:
         total = self.settings.total_steps
         return total is None or self.step < total
-
-    def _release_passed_over(self, unit: UnitOfWork) -> None:
-        """Between steps, commit how far this reader has read past what it does not train (the supervised rows of
-        trainer.mix, often thousands written before the run): the explorer paces on this group's lag, and would
-        otherwise wait for a backlog this trainer never takes (at most once a second; it changes no position a
-        resume uses, which are the checkpoint's)."""
-        now = time.monotonic()
-        if now - self._released_at < RELEASE_INTERVAL_S:
-            return
-        self._released_at = now
-        offsets = self._trained_through()
-        if offsets != self._released:
-            self._released = offsets
-            unit.commit_offsets_after(self.consumer, offsets)
 
     # 1. read ----------------------------------------------------------------------------------------------
     def _read(self) -> None:
@@ -273,7 +264,7 @@ class Trainer:
         if not decision.kept and not rows:  # nothing to learn from: release the offsets; counts go with the next step
             logger.warning("%s: all %d experiences of the batch are stale (weights v%d, bound %d); no step",
                            self.source, len(experiences), index, self.bound)
-            self._commit_offsets(unit)
+            self.commits.after_step(unit, self.step)
             return
         started = time.monotonic()
         metrics = self.engine.train_step(decision.kept + rows,  # 4.
@@ -291,7 +282,7 @@ class Trainer:
             metrics.update(self.publishing.publish(self.step, unit))  # 5.
             self.metrics.published.set(self.step)
         unit.metrics(index, metrics)  # 6.
-        self._commit_offsets(unit)
+        self.commits.after_step(unit, self.step)
         unit.describe(f"step {index}")
         unit.after_commit(lambda: logger.info(
             "%s: step %d -> v%d: %d experiences (%d groups, %d stale dropped), %s, %.2fs", self.source, index,
@@ -322,21 +313,6 @@ class Trainer:
             "time/train_step": train_s,
         })
         return metrics
-
-    def _commit_offsets(self, unit: UnitOfWork) -> None:
-        """After the unit's transaction: each reader's trained-through offsets (the RL reader's pace the explorer)."""
-        unit.commit_offsets_after(self.consumer, self._trained_through())
-        if self.mix is not None:
-            self.mix.commit_offsets(unit)
-
-    def _trained_through(self) -> Offsets:
-        """Per partition: the oldest buffered offset, else everything read, up to the consumer's own position:
-        past the aborted records and transaction markers behind the last record, which no one ever trains. The
-        explorer paces on this group's lag; counted up to them, a broker failover's aborted attempts held it for
-        good (a 3-node chaos run stalled on a "lag" of 251 with every experience trained)."""
-        offsets = self.consumer.fetch_positions()
-        offsets.update(self.buffer.low_water())
-        return offsets
 
     def _checkpoint(self) -> None:
         pooled = self.mix.items() if self.mix is not None else []

@@ -33,6 +33,10 @@ def register(subparsers) -> None:
                        help="train as consumer group <run>.trainer-NAME with checkpoints in <checkpoint_dir>-NAME: a "
                             "second trainer on the same stream that leaves the main one (and the workers' weights) "
                             "alone")
+    train.add_argument("--accept-offset-reset", action="store_true",
+                       help="when someone else reset the trainer's consumer group (kafka-consumer-groups "
+                            "--reset-offsets), read on from the group's offsets with this lineage's weights instead of "
+                            "stopping (at start and while running)")
     train.set_defaults(func=run_train)
 
     monitor = subparsers.add_parser("monitor", help="export the run's metrics: Prometheus, TensorBoard, CSV")
@@ -98,7 +102,8 @@ def run_train(args: argparse.Namespace) -> int:
     from streamrft.consumers.trainer import Trainer
 
     def build(config, clients, stop):
-        return Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from)
+        return Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from,
+                       accept_offset_reset=args.accept_offset_reset)
 
     def run(trainer) -> int:
         trainer.run()

@@ -50,6 +50,9 @@ def register(subparsers) -> None:
     parser.add_argument("--resume", action="store_true", help="continue a run stopped earlier")
     parser.add_argument("--workers", type=int, default=None, help="rollout workers (default: launch.rollout_workers)")
     parser.add_argument("--no-dashboard", action="store_true", help="log lines instead of the live view")
+    parser.add_argument("--accept-offset-reset", action="store_true",
+                        help="the trainer reads on from its consumer group's offsets when someone else reset them "
+                             "(streamrft train --accept-offset-reset), instead of stopping")
     parser.set_defaults(func=run)
 
 
@@ -138,7 +141,7 @@ class _BrokerBootstrap:
 def _check_resumable(config: RunConfig, clients: KafkaClients) -> None:
     what = config.shape.input_topic
     topic = clients.config.topic(what)
-    if not any(report.records for report in clients.describe() if report.name == topic):
+    if not any(report.end_offsets_total for report in clients.describe() if report.name == topic):
         raise StreamrftError(f"the run has no {what} to resume; start it without --resume")
 
 
@@ -226,7 +229,8 @@ def _role_processes(config: RunConfig, args: argparse.Namespace, bootstrap: str,
     if "explorer" in roles:
         processes.append(RoleProcess("explorer", ["explorer", args.config], logs / "explorer.log", env("explorer")))
     if "trainer" in roles:
-        processes.append(RoleProcess("trainer", ["train", args.config], logs / "trainer.log",
+        accept = ["--accept-offset-reset"] if args.accept_offset_reset else []
+        processes.append(RoleProcess("trainer", ["train", args.config, *accept], logs / "trainer.log",
                                      env("trainer", **sync_secret)))
     processes.append(RoleProcess("monitor", ["monitor", args.config], logs / "monitor.log", env("monitor")))
     workers = 0 if "rollout" not in roles else config.launch.rollout_workers if args.workers is None else args.workers

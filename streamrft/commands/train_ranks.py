@@ -66,7 +66,8 @@ def _run_rank_zero(args: argparse.Namespace, config: RunConfig, ranked: RankZero
     from streamrft.consumers.trainer import Trainer
 
     with open_run(config, shared_broker=True) as clients:
-        trainer = Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from, engine=ranked)
+        trainer = Trainer(config, clients, stop, group=args.group, replay_from=args.replay_from,
+                          accept_offset_reset=args.accept_offset_reset, engine=ranked)
         try:
             trainer.run()
         finally:

@@ -18,8 +18,13 @@ What a run gets (``kubernetes`` section of the config for the cluster-side names
   ``/metrics`` endpoint: a startup probe that allows for loading the model, then liveness (restart it) and
   readiness;
 * the rollout workers as a Deployment scaled by a KEDA ``ScaledObject`` on the ``<run>.rollout`` group's lag on
-  ``rollouts`` (``lagThreshold`` = ``kubernetes.rollout_lag_threshold``; at most the topic's partitions, since a
-  worker beyond them gets no partition);
+  ``rollouts`` in records (a worker per ``kubernetes.rollout_lag_threshold``; at most the topic's partitions,
+  since a worker beyond them gets no partition): KEDA's ``prometheus`` scaler on the monitor's
+  ``streamrft_consumer_group_lag_records`` (``consumers/lag_gauges.py``), through the Prometheus operator's
+  ``prometheus-operated`` service in ``kubernetes.monitoring_namespace``. KEDA's own ``kafka`` scaler counts
+  offsets, so every idle partition of a transactional topic would show a lag of 1 (its last commit marker) and
+  hold a worker up; it stays only with ``kafka_authentication``, where the monitor's user may not read
+  ``rollouts`` to count;
 * a Service and a ``ServiceMonitor`` per role for the Prometheus operator, on the role's ``metrics_port``;
 * with ``kafka_authentication: scram-sha-512``, a Strimzi ``KafkaUser`` per role (``<run>.<role>``, SCRAM, the
   ACLs of ``streamrft acls``): each role connects as its own user, its password from the Secret the User Operator
@@ -263,7 +268,19 @@ def _scaled_object(config: RunConfig) -> dict[str, Any]:
                 "scaleTargetRef": {"name": resource_name(config, "rollout")},
                 "minReplicaCount": k8s.rollout_min_replicas,
                 "maxReplicaCount": k8s.rollout_max_replicas or config.topics.rollouts.partitions,
-                "triggers": [_kafka_trigger(config)]}}
+                "triggers": [_kafka_trigger(config) if _authenticated(config) else _prometheus_trigger(config)]}}
+
+
+def _prometheus_trigger(config: RunConfig) -> dict[str, Any]:
+    """The rollout group's records lag as the monitor exports it; a missing series is an error (KEDA keeps the
+    replicas), not a lag of 0."""
+    k8s = config.kubernetes
+    query = (f'sum(streamrft_consumer_group_lag_records{{group="{config.consumer_group("rollout")}",'
+             f'topic="{config.topic("rollouts")}"}})')
+    return {"type": "prometheus",
+            "metadata": {"serverAddress": f"http://prometheus-operated.{k8s.monitoring_namespace}.svc:9090",
+                         "query": query, "threshold": str(k8s.rollout_lag_threshold),
+                         "activationThreshold": "0", "ignoreNullValues": "false"}}
 
 
 def _kafka_trigger(config: RunConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from .admin import committed_offsets, describe_run, ensure_topics, group_lag, ru
 from .authorization import authentication_failed, is_authentication_failure, is_refusal, refusal_for
 from .consumer import Check, Checks, Delivered, RecordConsumer
 from .reader import read_to_end
+from .records_lag import Counted, count_records
 from .dlq import DeadLetter, DeadLetterLedger, dead_letter, dlq_topic_of
 from .producer import DeliveryError, RecordProducer
 from .props import admin_props, consumer_props, producer_props
@@ -161,12 +162,19 @@ class KafkaClients:
         return ensure_topics(self.admin(), run_topics(self.config))
 
     def describe(self):
+        """The run's topics: partitions, end offsets and each of the run's consumer groups' lag in records."""
         topics = list(run_topics(self.config))
-        return describe_run(self.admin(), self.probe(), self.offsets_reader, topics, f"{self.config.name}.")
+        return describe_run(self.admin(), self.probe(), self.offsets_reader, topics, f"{self.config.name}.",
+                            self.count_records)
+
+    def count_records(self, spans: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], Counted]:
+        """Per partition, the records a read_committed reader gets between two offsets (``records_lag.py``)."""
+        return count_records(self.config.kafka, self.bootstrap, spans)
 
     def lag(self, group: str, topic: str) -> int | None:
-        """Total lag of ``group`` on ``topic``, or None while the cluster does not answer (a broker restart):
-        callers that pace on it wait, rather than stop."""
+        """Total lag of ``group`` on ``topic`` in offsets (records, markers and aborted records: an upper bound
+        of the records, cheap enough to ask many times a second; ``describe`` counts records), or None while the
+        cluster does not answer (a broker restart): callers that pace on it wait, rather than stop."""
         try:
             return group_lag(self.admin(), self.probe(), self.offsets_reader(group), topic)
         except KafkaException as exc:

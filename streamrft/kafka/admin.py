@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from ..config import RunConfig, TopicConfig
+from .records_lag import Counted
 
 logger = logging.getLogger(__name__)
 
@@ -81,21 +82,28 @@ def _warn_on_layout_drift(admin: AdminClient, topics: dict[str, TopicConfig], ex
                            "grow: kafka-topics --alter --partitions)", name, have, want)
 
 
+# (topic, partition) -> (committed offset, end offset)  ->  records between them (``records_lag.py``)
+RecordCounter = Callable[[dict[tuple[str, int], tuple[int, int]]], dict[tuple[str, int], Counted]]
+
+
 @dataclass
 class TopicReport:
     name: str
     partitions: int
     end_offsets: list[int]  # high watermark per partition
-    groups: dict[str, int] = field(default_factory=dict)  # consumer group -> total lag on this topic
+    groups: dict[str, int] = field(default_factory=dict)  # consumer group -> records it has yet to read here
+    exact: dict[str, bool] = field(default_factory=dict)  # consumer group -> its records lag is exact (not capped)
 
     @property
-    def records(self) -> int:
+    def end_offsets_total(self) -> int:
+        """The end offsets summed: records, transaction markers and aborted records alike (not a record count)."""
         return sum(self.end_offsets)
 
 
 def describe_run(admin: AdminClient, consumer: Consumer, readers: OffsetsReaders, topics: list[str],
-                 group_prefix: str, timeout: float = 10.0) -> list[TopicReport]:
-    """Partitions, end offsets and, for each consumer group whose id starts with ``group_prefix``, its lag."""
+                 group_prefix: str, count: RecordCounter, timeout: float = 10.0) -> list[TopicReport]:
+    """Partitions, end offsets and, for each consumer group whose id starts with ``group_prefix``, its lag in
+    records (``count``: from its committed offsets to the end)."""
     metadata = admin.list_topics(timeout=timeout).topics
     reports = []
     for name in topics:
@@ -107,12 +115,13 @@ def describe_run(admin: AdminClient, consumer: Consumer, readers: OffsetsReaders
     by_name = {r.name: r for r in reports}
     partitions = [TopicPartition(r.name, p) for r in reports for p in range(r.partitions)]
     for group in _groups(admin, group_prefix, timeout):
-        for tp in readers(group).committed(partitions, timeout=timeout) if partitions else []:
-            report = by_name.get(tp.topic)
-            if report is None or tp.offset < 0:
-                continue
-            lag = max(report.end_offsets[tp.partition] - tp.offset, 0)
-            report.groups[group] = report.groups.get(group, 0) + lag
+        spans = {(tp.topic, tp.partition): (tp.offset, by_name[tp.topic].end_offsets[tp.partition])
+                 for tp in (readers(group).committed(partitions, timeout=timeout) if partitions else [])
+                 if tp.topic in by_name and tp.offset >= 0}
+        for (topic, _), counted in count(spans).items():
+            report = by_name[topic]
+            report.groups[group] = report.groups.get(group, 0) + counted.records
+            report.exact[group] = report.exact.get(group, True) and counted.exact
     return reports
 
 

@@ -205,12 +205,14 @@ class RecordConsumer(Generic[R]):
     def commit(self) -> None:
         self.commit_offsets(self._pending)
 
-    def commit_offsets(self, offsets: Offsets) -> None:
+    def commit_offsets(self, offsets: Offsets, metadata: dict[tuple[str, int], str] | None = None) -> None:
         """Commit explicit next-offsets (a caller that holds read records back, e.g. the trainer's buffer,
-        commits less than it has read, so the group's lag still counts them)."""
+        commits less than it has read, so the group's lag still counts them), each with its ``metadata``
+        string, if given (what :meth:`committed` reads back)."""
         if offsets:
-            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                                  asynchronous=False)
+            marks = metadata or {}
+            self._consumer.commit(offsets=[TopicPartition(t, p, o, metadata=marks.get((t, p), ""))
+                                           for (t, p), o in offsets.items()], asynchronous=False)
 
     def committed(self, partitions: list[tuple[str, int]], timeout: float = 10.0) -> CommitPoints:
         """The group's committed offset and metadata of each partition (offset -1 when none is committed). A

@@ -1,5 +1,6 @@
 """Read-only views of a cluster for people (``streamrft ui``): topics with their partitions, watermarks and
-replicas, consumer groups with their lag per partition, and the last records of a topic. Nothing here writes,
+replicas, consumer groups with their lag per partition (in records, ``records_lag.py``), and the last records of a
+topic. Nothing here writes,
 commits or joins a group.
 
 Committed offsets come from an offsets reader (a consumer with the group's id that never joins it), as
@@ -15,7 +16,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from ..config import KafkaConfig
-from .admin import OffsetsReaders, watermarks
+from .admin import OffsetsReaders, RecordCounter, watermarks
 from .props import consumer_props
 from .reader import RawRecord, records_to_eof
 
@@ -59,9 +60,17 @@ class PartitionLag:
     partition: int
     committed: int
     end: int
+    records: int  # what a read_committed reader of the group has yet to get here (records_lag.py)
+    exact: bool = True  # False: the count was capped, the offsets past the cap counted as they are
 
     @property
     def lag(self) -> int:
+        """The group's lag here in records: transaction markers take offsets and are none."""
+        return self.records
+
+    @property
+    def offsets(self) -> int:
+        """End offset minus committed offset: records, transaction markers and aborted records alike."""
         return max(self.end - self.committed, 0)
 
 
@@ -103,9 +112,9 @@ def describe_topics(admin: AdminClient, probe: Consumer, names: list[str], timeo
 
 
 def describe_groups(admin: AdminClient, readers: OffsetsReaders, topics: list[TopicState], prefix: str,
-                    timeout: float = 10.0) -> list[GroupState]:
+                    count: RecordCounter, timeout: float = 10.0) -> list[GroupState]:
     """Each consumer group whose id starts with ``prefix``: its state and, on every partition of ``topics`` it
-    has committed, the committed offset against the end."""
+    has committed, the committed offset against the end and the records between (``count``)."""
     ends = {(t.name, p.partition): p.end for t in topics for p in t.partitions}
     wanted = [TopicPartition(topic, partition) for topic, partition in ends]
     listing = admin.list_consumer_groups(request_timeout=timeout).result()
@@ -114,8 +123,11 @@ def describe_groups(admin: AdminClient, readers: OffsetsReaders, topics: list[To
         if not group.group_id.startswith(prefix):
             continue
         found = readers(group.group_id).committed(wanted, timeout=timeout) if wanted else []
-        lags = tuple(PartitionLag(tp.topic, tp.partition, tp.offset, ends[(tp.topic, tp.partition)])
-                     for tp in found if tp.offset >= 0)
+        spans = {(tp.topic, tp.partition): (tp.offset, ends[(tp.topic, tp.partition)]) for tp in found
+                 if tp.offset >= 0}
+        counted = count(spans)
+        lags = tuple(PartitionLag(t, p, committed, end, counted[(t, p)].records, counted[(t, p)].exact)
+                     for (t, p), (committed, end) in spans.items())
         state = group.state.name if group.state is not None else "UNKNOWN"
         out.append(GroupState(group.group_id, state, lags))
     return out

@@ -117,12 +117,21 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     for taskset, (step, values) in sorted(latest_evals(explorer).items()):
         side.add_row(f"eval {taskset} ({'base model' if step < 0 else f'after step {step}'})",
                      ", ".join(f"{k} {v:.3f}" for k, v in sorted(values.items())))
+    sampled = [explorer[step] for step in sorted(explorer) if "rollout/filtered_groups" in explorer[step]]
+    if sampled:  # explorer.dynamic_sampling
+        last = sampled[-1]
+        side.add_row("dynamic sampling", f"last step {_fmt(last.get('rollout/informative_groups'), '.0f')} groups "
+                                         f"trained, {_fmt(last['rollout/filtered_groups'], '.0f')} filtered, "
+                                         f"{_fmt(last.get('rollout/oversample_rounds'), '.0f')} extra round(s)")
+    if "rollout_worker/overlong_punished_frac" in follower.latest:  # rollout.overlong_penalty
+        side.add_row("overlong (worker)", f"{follower.latest['rollout_worker/overlong_punished_frac']:.0%} punished, "
+                                          f"mean {follower.latest['rollout_worker/overlong_penalty_mean']:.3f}")
     side.add_row("samples/s (worker)", _fmt(follower.latest.get("rollout_worker/samples_per_s"), ".1f"))
     side.add_row("trainer step", _fmt(max(trainer) if trainer else None, ".0f") if trainer else "-")
     side.add_row("grad norm", _fmt(follower.latest.get("actor/grad_norm"), ".3f"))
     side.add_row("lr", _fmt(follower.latest.get("actor/lr"), ".2e"))
     for group, lag in sorted(lags.items()):
-        side.add_row(f"lag {group}", str(lag))
+        side.add_row(f"lag {group}", f"{lag} records")
     for process in processes:
         side.add_row(process.name, role_state(process))
     elapsed = time.monotonic() - started
@@ -157,7 +166,8 @@ def sync_line(config, state=None) -> str:
 
 
 def group_lags(clients: KafkaClients) -> dict[str, int]:
-    """Total lag of each of the run's consumer groups over the topics it reads."""
+    """Total lag of each of the run's consumer groups over the topics it reads, in records (transaction markers
+    are no lag: ``streamrft/kafka/records_lag.py``)."""
     lags: dict[str, int] = defaultdict(int)
     for report in clients.describe():
         for group, lag in report.groups.items():

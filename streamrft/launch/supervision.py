@@ -2,6 +2,9 @@
 happened, restart it after a back-off or give up. No processes and no clock here; the launcher
 (``supervisor.py``) passes ``now`` in, so a test drives it with made-up times.
 
+A role that exits with ``OPERATOR_EXIT`` (78) stopped for a person's decision (its message says which, e.g. a
+consumer group reset by someone else): it is not restarted, and the run stops with its log tail at once.
+
 Back-off: ``backoff_s · 2^(k−1)``, capped at ``backoff_max_s``, where k counts the role's crashes within the last
 ``window_s`` (this one included): a role that crashed once long ago waits ``backoff_s`` again. Crash loop: a crash
 that would be restart number ``max_restarts + 1`` within ``window_s`` stops the run.
@@ -13,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from streamrft.config.supervision import RestartConfig
+from streamrft.errors import OPERATOR_EXIT
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,10 @@ class GiveUp:
     max_restarts: int
 
     def message(self, log_path: object, log_tail: str) -> str:
+        if self.exit_code == OPERATOR_EXIT:
+            return (f"{self.role} stopped for an operator's decision (exit code {OPERATOR_EXIT}) and is not "
+                    f"restarted; the run stops. Its log ({log_path}) ends with what to do:\n{log_tail}\nThen "
+                    "continue with the same command plus --resume (and the flag the log names, if any)")
         return (f"{self.role} crashed {self.crashes} times within {self.window_s:g}s (launch.restart.max_restarts "
                 f"is {self.max_restarts}), last {describe_exit(self.exit_code)}; the run stops. Its log "
                 f"({log_path}) ends with:\n{log_tail}\nFix what the log says, then continue with the same command "
@@ -69,6 +77,8 @@ class RestartPolicy:
     def on_crash(self, exit_code: int, now: float) -> Restart | GiveUp:
         """The role exited with ``exit_code`` (not clean) at ``now``: when to start it again, or give up."""
         s = self.settings
+        if exit_code == OPERATOR_EXIT:  # a restart would meet the same state and stop again
+            return GiveUp(self.role, exit_code, len(self._crashes), s.window_s, s.max_restarts)
         self._crashes.append(now)
         while self._crashes and self._crashes[0] <= now - s.window_s:
             self._crashes.popleft()

@@ -45,7 +45,8 @@ class ClusterView:
         with self._lock:
             admin = self.clients.admin()
             topics = describe_topics(admin, self.clients.probe(), topic_names(admin, self.topic_prefix))
-            return describe_groups(admin, self.clients.offsets_reader, topics, self.group_prefix)
+            return describe_groups(admin, self.clients.offsets_reader, topics, self.group_prefix,
+                                   self.clients.count_records)
 
     def records(self, topic: str, per_partition: int, key: str | None = None) -> list[ShownRecord]:
         """The last records of ``topic`` decoded; with ``key``, those whose key contains it."""

@@ -156,14 +156,22 @@ def test_roles_restart_on_failure_as_streamrft_run_does_and_are_probed_on_their_
     assert not {"startupProbe", "livenessProbe", "readinessProbe"} & monitor["containers"][0].keys()
 
 
-def test_keda_scales_the_rollout_workers_on_their_groups_lag(manifests, config):
+def test_keda_scales_the_rollout_workers_on_their_groups_lag_in_records():
+    from streamrft.consumers.lag_gauges import LAG_GAUGE
+
+    config = load_config(K8S / "run.yaml", overrides={"kubernetes": {"kafka_authentication": "none"}}, env={})
+    manifests = render(config, "")
     (scaled,) = _by_kind(manifests, "ScaledObject").values()
     assert scaled["spec"]["scaleTargetRef"]["name"] in _by_kind(manifests, "Deployment")
     trigger = scaled["spec"]["triggers"][0]
-    assert trigger["type"] == "kafka"
-    assert trigger["metadata"]["consumerGroup"] == config.consumer_group("rollout") == "demo.rollout"
-    assert trigger["metadata"]["topic"] == config.topic("rollouts")
-    assert trigger["metadata"]["lagThreshold"] == str(config.kubernetes.rollout_lag_threshold)
+    assert trigger["type"] == "prometheus"  # the monitor's records lag: KEDA's kafka scaler counts offsets
+    metadata = trigger["metadata"]
+    assert metadata["query"] == (f'sum({LAG_GAUGE}{{group="{config.consumer_group("rollout")}",'
+                                 f'topic="{config.topic("rollouts")}"}})')
+    assert config.consumer_group("rollout") == "demo.rollout"
+    assert metadata["serverAddress"] == f"http://prometheus-operated.{config.kubernetes.monitoring_namespace}.svc:9090"
+    assert metadata["threshold"] == str(config.kubernetes.rollout_lag_threshold)
+    assert metadata["ignoreNullValues"] == "false"  # no series is not a lag of 0
     assert scaled["spec"]["maxReplicaCount"] == config.topics.rollouts.partitions
 
 
@@ -221,6 +229,8 @@ def test_every_role_has_a_kafka_user_with_exactly_the_acls_streamrft_derives(man
     assert writers == {"demo.trainer"}  # only the trainer publishes weights
     (scaled,) = _by_kind(manifests, "ScaledObject").values()
     trigger = scaled["spec"]["triggers"][0]
+    assert trigger["type"] == "kafka"  # the monitor's user may not read rollouts to count its records
+    assert trigger["metadata"]["consumerGroup"] == "demo.rollout"
     assert trigger["metadata"]["sasl"] == "scram_sha512"
     (auth,) = _by_kind(manifests, "TriggerAuthentication").values()
     assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]

@@ -9,7 +9,7 @@ import pytest
 
 from streamrft.config import load_config
 from streamrft.config.supervision import RestartConfig
-from streamrft.errors import ConfigError
+from streamrft.errors import OPERATOR_EXIT, ConfigError, OperatorNeeded
 from streamrft.launch.dashboard import role_state
 from streamrft.launch.supervision import GiveUp, Restart, RestartPolicy, describe_exit, is_clean
 from streamrft.launch.supervisor import Supervisor
@@ -47,6 +47,43 @@ def test_crashes_older_than_the_window_are_forgotten_and_the_back_off_starts_aga
 
 def test_max_restarts_zero_stops_the_run_at_the_first_crash():
     assert isinstance(RestartPolicy("monitor", RestartConfig(max_restarts=0)).on_crash(2, 0.0), GiveUp)
+
+
+def test_a_role_stopped_for_an_operators_decision_is_not_restarted_and_the_run_says_what_to_do():
+    policy = RestartPolicy("trainer", SETTINGS)
+    assert isinstance(policy.on_crash(1, 0.0), Restart)  # an ordinary crash first
+    decision = policy.on_crash(OPERATOR_EXIT, 10.0)
+    assert isinstance(decision, GiveUp) and policy.restarts == 1
+    message = decision.message("logs/trainer.log", "... accept the reset: --accept-offset-reset")
+    assert "trainer stopped for an operator's decision (exit code 78) and is not restarted" in message
+    assert "--accept-offset-reset" in message and "crashed" not in message
+
+
+def test_operator_errors_exit_with_78_and_other_explained_errors_with_2(monkeypatch, capsys):
+    from streamrft import cli
+
+    def fail_with(error):
+        def run(_args):
+            raise error
+        return run
+
+    for error, code in ((OperatorNeeded("group moved; --accept-offset-reset"), OPERATOR_EXIT),
+                        (ConfigError("bad key"), 2)):
+        monkeypatch.setattr(cli, "build_parser", lambda _names, e=error: _Parsed(fail_with(e)))
+        assert cli.main(["tasks"]) == code
+    assert "streamrft: stopped: group moved" in capsys.readouterr().err
+
+
+class _Parsed:
+    """A parser whose parse gives args that run ``func``."""
+
+    def __init__(self, func):
+        self.func = func
+
+    def parse_args(self, _argv):
+        import argparse
+
+        return argparse.Namespace(func=self.func, verbose=0)
 
 
 def test_only_exit_code_zero_is_clean_and_exits_are_described():

@@ -28,7 +28,7 @@ def test_values_are_escaped_markup_is_not():
 def test_lag_chart_and_bounded_history():
     history = LagHistory(keep=3)
     for at, lag in enumerate([4, 3, 7, 1]):
-        history.add([GroupState("run.explorer", "STABLE", (PartitionLag("t", 0, 10 - lag, 10),))], float(at))
+        history.add([GroupState("run.explorer", "STABLE", (PartitionLag("t", 0, 10 - lag, 10, lag),))], float(at))
     line = history.of("run.explorer")["t"]
     assert line == [(1.0, 3.0), (2.0, 7.0), (3.0, 1.0)]  # oldest sample dropped
     svg = line_chart({"tasks</text>": line})
