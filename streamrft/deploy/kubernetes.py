@@ -5,6 +5,11 @@ What a run gets (``kubernetes`` section of the config for the cluster-side names
 * the run config as a ConfigMap, mounted at ``/config/run.yaml`` in every role; cluster addresses come as
   ``STREAMRFT_*`` variables, secrets from each role's own Secret (``k8s_secrets``: a config file that holds
   one is refused, never written into the manifests);
+* with ``trainer.weights.method: collective``, the trainer and the rollout workers take
+  ``trainer.weights.group_secret`` (which admits members to the weight-sync group) from one Secret only those two
+  roles read, ``<run>-weight-sync`` (key ``group_secret``), that the operator creates once:
+  ``kubectl create secret generic <run>-weight-sync --from-literal=group_secret="$(openssl rand -base64 32)"``;
+  the pods do not start without it (a group anyone who reaches the trainer could join is not deployed);
 * each pod locked down (``k8s_security``): non-root, read-only root filesystem with scratch emptyDirs, no
   privilege escalation or capabilities, seccomp RuntimeDefault, no service-account token; NetworkPolicies that
   deny ingress to the run's pods but for Prometheus and, for collective weights, the run's own pods;
@@ -45,7 +50,7 @@ from typing import Any
 from ..acls import principal_name, role_acls
 from ..config import RunConfig
 from ..errors import ConfigError
-from .k8s_secrets import role_secret_env, secret_problems
+from .k8s_secrets import env_name, role_secret_env, secret_problems
 from .k8s_security import (container_security, network_policies, pod_security, scratch_mounts,
                            scratch_volumes)
 
@@ -165,8 +170,26 @@ def _environment(config: RunConfig, role: str | None = None) -> list[dict[str, A
         if config.kubernetes.kafka_tls:
             env["STREAMRFT_KAFKA__SSL_CA_LOCATION"] = f"{KAFKA_CA}/ca.crt"
     if role is not None:
+        secret += _weight_sync_secret_env(config, role)
         secret += role_secret_env(config, role, role_secret(config, role), skip=frozenset(e["name"] for e in secret))
     return [{"name": key, "value": value} for key, value in env.items()] + secret
+
+
+WEIGHT_SYNC_ROLES = ("trainer", "rollout")
+
+
+def weight_sync_secret(config: RunConfig) -> str:
+    """The Secret the trainer and the workers share for collective weights: ``group_secret``."""
+    return resource_name(config, "weight-sync")
+
+
+def _weight_sync_secret_env(config: RunConfig, role: str) -> list[dict[str, Any]]:
+    """``trainer.weights.group_secret`` for the members of a collective weight-sync group; not optional, so a
+    pod without the Secret does not start (Kubernetes names the missing Secret in the pod's events)."""
+    if config.trainer.weights.method != "collective" or role not in WEIGHT_SYNC_ROLES:
+        return []
+    return [{"name": env_name(("trainer", "weights", "group_secret")),
+             "valueFrom": {"secretKeyRef": {"name": weight_sync_secret(config), "key": "group_secret"}}}]
 
 
 def _metrics_port(config: RunConfig, role: str) -> int | None:

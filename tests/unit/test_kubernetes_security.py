@@ -198,3 +198,19 @@ def test_every_secret_field_is_refused_from_the_config_map_and_comes_from_a_secr
         assert readers, f"no role reads {'.'.join(path)}"
     (config_map,) = [m for m in manifests if m["kind"] == "ConfigMap"]
     assert path[-1] not in config_map["data"]["run.yaml"]
+
+
+def test_collective_weights_share_the_group_secret_between_the_trainer_and_the_workers_only():
+    collective = load_config(K8S / "run.yaml", overrides={"trainer": {"weights": {"method": "collective"}}}, env={})
+    name = env_name(("trainer", "weights", "group_secret"))
+    readers = {}
+    for role, pod in _pods(render(collective, "")):
+        entries = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == name]
+        if entries:
+            (entry,) = entries
+            readers[role] = entry["valueFrom"]["secretKeyRef"]
+    assert readers == {role: {"name": "demo-weight-sync", "key": "group_secret"} for role in ("trainer", "rollout")}
+    # an object store needs no group: nobody reads it from the shared Secret
+    for role, pod in _pods(render(load_config(K8S / "run.yaml", env={}), "")):
+        refs = [e["valueFrom"]["secretKeyRef"] for e in pod["spec"]["containers"][0]["env"] if "valueFrom" in e]
+        assert all(ref["name"] != "demo-weight-sync" for ref in refs), role
