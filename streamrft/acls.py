@@ -16,7 +16,9 @@ role           allowed
                transactional ids ``<run>.rollout.*`` (one per worker)
 ``trainer``    READ ``experiences`` (groups ``<run>.trainer*``: fan-out and replay trainers too); WRITE ``sync``
                (published weights, sync requests, the collective group); transactional ids ``<run>.trainer*``
-``monitor``    READ ``metrics`` (group ``<run>.monitor``)
+``monitor``    READ ``metrics`` (group ``<run>.monitor``); READ every topic of the run (prefix) and DESCRIBE its
+               groups, to count their lag in records (``consumers/lag_gauges.py``, which KEDA scales the
+               workers on)
 ``serve``      WRITE ``experiences`` (feedback); transactional ids ``<run>.serve.*``
 ``viewer``     READ and DESCRIBE_CONFIGS every topic of the run (prefix), DESCRIBE its groups: Kafka UI,
                ``streamrft topics``, dashboards
@@ -126,6 +128,9 @@ def role_acls(config: RunConfig, role: str) -> list[Acl]:
         transactional(f"{config.name}.trainer", "prefixed")
     elif role == "monitor":
         group(config.consumer_group("monitor"))
+        # lag in records is read, not computed from offsets: the topics from the groups' positions on
+        grants.extend([("topic", "prefixed", config.topic_prefix, "read"),
+                       ("group", "prefixed", f"{config.name}.", "describe")])
     elif role == "serve":
         transactional(f"{config.name}.serve.", "prefixed")
     elif role == "viewer":

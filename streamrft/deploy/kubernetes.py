@@ -28,12 +28,11 @@ What a run gets (``kubernetes`` section of the config for the cluster-side names
   ``streamrft_consumer_group_lag_records`` (``consumers/lag_gauges.py``), through the Prometheus operator's
   ``prometheus-operated`` service in ``kubernetes.monitoring_namespace``. KEDA's own ``kafka`` scaler counts
   offsets, so every idle partition of a transactional topic would show a lag of 1 (its last commit marker) and
-  hold a worker up; it stays only with ``kafka_authentication``, where the monitor's user may not read
-  ``rollouts`` to count;
+  hold a worker up; with ``kafka_authentication`` the monitor's user may read the run's topics to count;
 * a Service and a ``ServiceMonitor`` per role for the Prometheus operator, on the role's ``metrics_port``;
 * with ``kafka_authentication: scram-sha-512``, a Strimzi ``KafkaUser`` per role (``<run>.<role>``, SCRAM, the
   ACLs of ``streamrft acls``): each role connects as its own user, its password from the Secret the User Operator
-  writes, and KEDA reads the rollout group's lag as the rollout user (a ``TriggerAuthentication``). With
+  writes. With
   ``kafka_tls`` the roles trust the Strimzi cluster CA (``<cluster>-cluster-ca-cert``).
 
 Files the roles share -- the model cache, the monitor's output, and weights published through a ``file://`` URL --
@@ -81,7 +80,6 @@ def render(config: RunConfig, config_text: str) -> list[dict[str, Any]]:
             out += [_service(config, role), _service_monitor(config, role)]
     if _authenticated(config):
         out += [_kafka_user(config, role) for role in ACL_ROLES]
-        out.append(_trigger_authentication(config))
     if "rollout" in roles:
         out.append(_scaled_object(config))
     out += network_policies(config, _labels(config), lambda what: resource_name(config, what))
@@ -291,7 +289,7 @@ def _scaled_object(config: RunConfig) -> dict[str, Any]:
                 "scaleTargetRef": {"name": resource_name(config, "rollout")},
                 "minReplicaCount": k8s.rollout_min_replicas,
                 "maxReplicaCount": k8s.rollout_max_replicas or config.topics.rollouts.partitions,
-                "triggers": [_kafka_trigger(config) if _authenticated(config) else _prometheus_trigger(config)]}}
+                "triggers": [_prometheus_trigger(config)]}}
 
 
 def _prometheus_trigger(config: RunConfig) -> dict[str, Any]:
@@ -304,22 +302,6 @@ def _prometheus_trigger(config: RunConfig) -> dict[str, Any]:
             "metadata": {"serverAddress": f"http://prometheus-operated.{k8s.monitoring_namespace}.svc:9090",
                          "query": query, "threshold": str(k8s.rollout_lag_threshold),
                          "activationThreshold": "0", "ignoreNullValues": "false"}}
-
-
-def _kafka_trigger(config: RunConfig) -> dict[str, Any]:
-    k8s = config.kubernetes
-    metadata = {"bootstrapServers": bootstrap_servers(config),
-                "consumerGroup": config.consumer_group("rollout"),
-                "topic": config.topic("rollouts"),
-                "lagThreshold": str(k8s.rollout_lag_threshold),
-                "offsetResetPolicy": "earliest",
-                # KEDA's own cap is the partition count too; say so rather than rely on it
-                "allowIdleConsumers": "false"}
-    trigger: dict[str, Any] = {"type": "kafka", "metadata": metadata}
-    if _authenticated(config):
-        metadata.update(sasl="scram_sha512", tls="enable" if k8s.kafka_tls else "disable")
-        trigger["authenticationRef"] = {"name": resource_name(config, "rollout-kafka")}
-    return trigger
 
 
 # -- authentication: a KafkaUser per role ----------------------------------------------------------------------
@@ -350,16 +332,3 @@ def _kafka_user(config: RunConfig, role: str) -> dict[str, Any]:
                          "labels": {**_labels(config, role), "strimzi.io/cluster": config.kubernetes.kafka_cluster}},
             "spec": {"authentication": {"type": "scram-sha-512"},
                      "authorization": {"type": "simple", "acls": acls}}}
-
-
-def _trigger_authentication(config: RunConfig) -> dict[str, Any]:
-    """KEDA reads the rollout group's lag as the rollout user: the name from the workers' environment, the
-    password (and the CA) from Secrets."""
-    secrets = [{"parameter": "password", "name": principal_name(config, "rollout"), "key": "password"}]
-    if config.kubernetes.kafka_tls:
-        secrets.append({"parameter": "ca", "name": _cluster_ca(config), "key": "ca.crt"})
-    return {"apiVersion": "keda.sh/v1alpha1", "kind": "TriggerAuthentication",
-            "metadata": {"name": resource_name(config, "rollout-kafka"), "labels": _labels(config, "rollout")},
-            "spec": {"env": [{"parameter": "username", "name": "STREAMRFT_KAFKA__SASL_USERNAME",
-                              "containerName": "rollout"}],
-                     "secretTargetRef": secrets}}

@@ -26,7 +26,8 @@ def test_each_topic_has_the_writers_its_records_promise():
     assert writers(run, "experiences") == ["User:r.rollout", "User:r.serve"]
     assert writers(run, "results") == ["User:r.rollout"]
     assert len(writers(run, "metrics")) == len(ROLES) - 2  # every role but tasks and viewer
-    assert allowed_principals(run, "topic", run.topic("experiences"), "read") == ["User:r.trainer", "User:r.viewer"]
+    assert allowed_principals(run, "topic", run.topic("experiences"), "read") == ["User:r.monitor", "User:r.trainer",
+                                                                                   "User:r.viewer"]
     assert allowed_principals(run, "group", "r.rollout", "read") == ["User:r.rollout"]
     assert allowed_principals(run, "group", "r.trainer-replay", "read") == ["User:r.trainer"]  # fan-out trainers
     assert allowed_principals(run, "transactional_id", "r.rollout.w7", "write") == ["User:r.rollout"]
@@ -41,7 +42,7 @@ def test_topics_are_literal_and_no_acl_of_one_run_matches_another_runs_resources
     a, b = config("a"), config("ab")
     for role, acls in run_acls(a).items():
         for acl in acls:
-            assert acl.pattern == "literal" or acl.resource != "topic" or role == "viewer", acl
+            assert acl.pattern == "literal" or acl.resource != "topic" or role in ("viewer", "monitor"), acl
     for acl in (acl for acls in run_acls(a).values() for acl in acls):
         for name in TOPIC_NAMES:
             assert not acl.matches("topic", b.topic(name), acl.operation)

@@ -19,7 +19,7 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 KNOWN = {("v1", "ConfigMap"), ("v1", "Service"), ("apps/v1", "Deployment"), ("batch/v1", "Job"),
          ("kafka.strimzi.io/v1beta2", "KafkaTopic"), ("keda.sh/v1alpha1", "ScaledObject"),
          ("monitoring.coreos.com/v1", "ServiceMonitor"), ("kafka.strimzi.io/v1beta2", "KafkaUser"),
-         ("keda.sh/v1alpha1", "TriggerAuthentication"), ("networking.k8s.io/v1", "NetworkPolicy")}
+         ("networking.k8s.io/v1", "NetworkPolicy")}
 PROCESS_VARS = {"STREAMRFT_CACHE_DIR", "OMP_WAIT_POLICY"}  # read by the model cache / OpenMP, not config keys
 
 
@@ -229,13 +229,11 @@ def test_every_role_has_a_kafka_user_with_exactly_the_acls_streamrft_derives(man
     assert writers == {"demo.trainer"}  # only the trainer publishes weights
     (scaled,) = _by_kind(manifests, "ScaledObject").values()
     trigger = scaled["spec"]["triggers"][0]
-    assert trigger["type"] == "kafka"  # the monitor's user may not read rollouts to count its records
-    assert trigger["metadata"]["consumerGroup"] == "demo.rollout"
-    assert trigger["metadata"]["sasl"] == "scram_sha512"
-    (auth,) = _by_kind(manifests, "TriggerAuthentication").values()
-    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
-    assert auth["spec"]["secretTargetRef"] == [{"parameter": "password", "name": "demo.rollout", "key": "password"}]
-    assert auth["spec"]["env"][0]["containerName"] == "rollout"
+    assert trigger["type"] == "prometheus"  # records lag from the monitor, whose user may read the run's topics
+    monitor = {(a["resource"]["type"], a["resource"]["name"], a["resource"]["patternType"], a["operations"][0])
+               for a in users["demo.monitor"]["spec"]["authorization"]["acls"]}
+    assert {("topic", "rft.demo.", "prefix", "Read"), ("group", "demo.", "prefix", "Describe")} <= monitor
+    assert not _by_kind(manifests, "TriggerAuthentication")
 
 
 def test_tls_mounts_the_strimzi_cluster_ca_and_names_of_other_shapes_are_refused(config):
