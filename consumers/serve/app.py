@@ -1,6 +1,8 @@
 """The HTTP side of serve mode: an OpenAI-compatible API (FastAPI) over a :class:`ServeRole`.
 
-``/v1/chat/completions`` and ``/v1/completions`` (``stream`` or not, ``n`` choices, ``logprobs``), ``/v1/models``,
+``/v1/chat/completions`` and ``/v1/completions`` (``stream`` or not, ``n`` choices, ``logprobs`` with alternatives,
+a batch of prompts and ``echo`` for text, tools and ``response_format`` for chat: ``request_options.py``,
+``chat_prompt.py``, answers shaped by ``openai_format.py``), ``/v1/models`` and ``/v1/models/{model}``,
 ``/health``, ``/metrics`` (Prometheus) and ``POST /feedback``. Requests are jobs of the role's serving loop, so
 concurrent clients share the engine's batch. A streamed response sends each choice's text as the engine
 produces its tokens (``stream.TextDeltas``), with ``usage`` in a last chunk when the client asks
@@ -8,7 +10,8 @@ produces its tokens (``stream.TextDeltas``), with ``usage`` in a last chunk when
 ``system_fingerprint`` is the weights version (``v3``) that generated the choices.
 
 Bounds: every field of a body is checked before anything reaches the engine or a topic (``api_models.py``; a
-refused value is 400 on ``/v1``, 422 on ``/feedback``, naming the field and what it allows, ``errors.py``); a
+refused value is 400, naming the field and what it allows, or that the parameter is not supported, ``errors.py``,
+in OpenAI's error shape as every other error); a
 body over ``serve.max_body_bytes`` is 413 (declared or chunked); more than ``serve.max_n`` choices, a prompt over
 ``serve.max_prompt_tokens`` or the model's context, a token id outside the vocabulary, or ``max_tokens`` past the
 context left is 400; ``max_tokens`` is capped at ``serve.max_tokens``; a full engine and queue answer 429 with
@@ -30,21 +33,21 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from streamrft.engines.inference import Completion
 from streamrft.engines.serving import JobStopped, Overloaded
 
 from .api_models import BaseRequest, ChatRequest, CompletionRequest, Feedback
+from .chat_prompt import ChatPrompts, ToolAnswer
 from .errors import INTERNAL, answer, http_error, refused_body
 from .errors import error as _error
 from .feedback import FeedbackError
+from .openai_format import ChatFormat, Format, TextFormat, finish_reason
+from .request_options import sampling_options
 from .role import ServeRole
 from .stream import TextDeltas
 
 logger = logging.getLogger(__name__)
-
-
-def _finish(completion: Completion) -> str:
-    return "length" if completion.truncated else "stop"
 
 
 def _usage(prompt_tokens: int, completions: list[Completion]) -> dict[str, int]:
@@ -109,66 +112,6 @@ class _BodyLimit:
                       code="request_too_large")
 
 
-class _Chat:
-    """What a chat completion looks like (``/v1/chat/completions``)."""
-
-    endpoint, object, chunk_object = "chat", "chat.completion", "chat.completion.chunk"
-
-    def __init__(self, request: ChatRequest) -> None:
-        self.request = request
-        self._started: set[int] = set()  # choices whose first chunk (with the role) went out
-
-    def logprobs(self, texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
-        if not self.request.logprobs:
-            return None
-        return {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-                            for t, lp in zip(texts, logprobs)]}
-
-    def choice(self, index: int, completion: Completion, texts: list[str]) -> dict[str, Any]:
-        return {"index": index, "message": {"role": "assistant", "content": completion.text},
-                "logprobs": self.logprobs(texts, completion.logprobs), "finish_reason": _finish(completion)}
-
-    def chunk_choice(self, index: int, text: str, texts: list[str], logprobs: list[float],
-                     finish: str | None) -> dict[str, Any] | None:
-        if not text and finish is None and index in self._started and not self.request.logprobs:
-            return None  # its text is held back (a partial character, a possible stop string)
-        delta: dict[str, Any] = {"content": text} if text or finish is None else {}
-        if index not in self._started:
-            self._started.add(index)
-            delta = {"role": "assistant", **delta, "content": text}
-        return {"index": index, "delta": delta, "finish_reason": finish,
-                "logprobs": self.logprobs(texts, logprobs) if texts else None}
-
-
-class _Text:
-    """What a text completion looks like (``/v1/completions``)."""
-
-    endpoint, object, chunk_object = "completions", "text_completion", "text_completion"
-
-    def __init__(self, request: CompletionRequest) -> None:
-        self.request = request
-
-    def logprobs(self, texts: list[str], logprobs: list[float]) -> dict[str, Any] | None:
-        if self.request.logprobs is None:
-            return None
-        offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
-        return {"tokens": texts, "token_logprobs": list(logprobs), "top_logprobs": None, "text_offset": offsets}
-
-    def choice(self, index: int, completion: Completion, texts: list[str]) -> dict[str, Any]:
-        return {"index": index, "text": completion.text, "logprobs": self.logprobs(texts, completion.logprobs),
-                "finish_reason": _finish(completion)}
-
-    def chunk_choice(self, index: int, text: str, texts: list[str], logprobs: list[float],
-                     finish: str | None) -> dict[str, Any] | None:
-        if not text and finish is None and self.request.logprobs is None:
-            return None
-        return {"index": index, "text": text, "finish_reason": finish,
-                "logprobs": self.logprobs(texts, logprobs) if texts else None}
-
-
-Dialect = _Chat | _Text
-
-
 class _Completions:
     """One request's way through the role: checked, submitted to the serving loop, answered whole or streamed
     (see the module docstring), in the request's dialect."""
@@ -177,42 +120,47 @@ class _Completions:
         self.role = role
         self.decode = role.engine.decode
 
-    async def respond(self, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None, dialect: Dialect):
-        self._check(request, prompt_ids, max_tokens)
-        events, job, head = self._submit(dialect.endpoint, request, prompt_ids, max_tokens)
-        usage = lambda done: _usage(len(prompt_ids), done)  # noqa: E731
+    async def respond(self, request: BaseRequest, prompts: list[list[int]], max_tokens: int | None,
+                      dialect: Format, asked: dict[str, Any], names: list[str]):
+        """``prompts`` (one, or a batch), ``names[k]``: how prompt k is named in a refusal."""
+        for prompt_ids, name in zip(prompts, names):
+            self._check(request, prompt_ids, max_tokens, name, len(prompts))
+        events, jobs, head = self._submit(dialect.endpoint, request, prompts, max_tokens, asked)
+        usage = lambda done: _usage(sum(len(p) for p in prompts), done)  # noqa: E731
         if not request.stream:
-            done = await self._completions_of(events, job)
+            done = await self._completions_of(events, jobs)
             return {**head, "system_fingerprint": f"v{done[0].model_version}", "object": dialect.object,
                     "choices": [dialect.choice(i, c, self._pieces(c)) for i, c in enumerate(done)],
                     "usage": usage(done)}
 
         def chunk(choices: list[dict], **extra) -> dict[str, Any]:
-            return {**head, "system_fingerprint": f"v{job.version}", "object": dialect.chunk_object,
+            return {**head, "system_fingerprint": f"v{jobs[0].version}", "object": dialect.chunk_object,
                     "choices": choices, **extra}
 
-        chunks = self._streamed(events, request.n, request.stops(), dialect, chunk,
+        chunks = self._streamed(events, request.n * len(prompts), request.stops(), dialect, chunk,
                                 (lambda done: chunk([], usage=usage(done))) if request.include_usage else None)
-        return self._sse(chunks, job)
+        return self._sse(chunks, jobs)
 
-    def _check(self, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None) -> None:
+    def _check(self, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None, prompt: str,
+               prompts: int) -> None:
         """What the body's own limits cannot know: this server's settings, the model's context and vocabulary.
         Checked here, so that a request the engine would fail never joins (and fails) a batch of others."""
         role, engine = self.role, self.role.engine
         if request.model and request.model != role.model_name:
             raise _error(404, f"model {request.model!r} is not served here; this server serves {role.model_name!r}",
                          code="model_not_found", param="model")
-        if request.n > role.settings.max_n:
-            raise _error(400, f"n: {request.n} choices; allowed: an integer in [1, {role.settings.max_n}] "
-                              "(serve.max_n)", param="n", code="invalid_value")
-        prompt = "messages" if isinstance(request, ChatRequest) else "prompt"
+        if request.n * prompts > role.settings.max_n:
+            per = f" for each of {prompts} prompts" if prompts > 1 else ""
+            raise _error(400, f"n: {request.n} choices{per}; allowed: an integer in [1, "
+                              f"{role.settings.max_n // prompts}] (serve.max_n choices in all)", param="n",
+                         code="invalid_value")
         if not prompt_ids:
             raise _error(400, f"{prompt}: the prompt is empty", param=prompt, code="invalid_value")
         vocab = engine.vocab_size
         outside = next((i for i, t in enumerate(prompt_ids) if not 0 <= t < vocab), None)
         if outside is not None:
-            raise _error(400, f"prompt[{outside}]: token id {prompt_ids[outside]} is not in the model's "
-                              f"vocabulary; allowed: an integer in [0, {vocab - 1}]", param=f"prompt[{outside}]",
+            raise _error(400, f"{prompt}[{outside}]: token id {prompt_ids[outside]} is not in the model's "
+                              f"vocabulary; allowed: an integer in [0, {vocab - 1}]", param=f"{prompt}[{outside}]",
                          code="invalid_value")
         context = engine.max_model_len
         limit = min(role.max_prompt_tokens, context - 1) if context else role.max_prompt_tokens
@@ -235,28 +183,29 @@ class _Completions:
             before = text
         return out
 
-    def _submit(self, endpoint: str, request: BaseRequest, prompt_ids: list[int], max_tokens: int | None):
+    def _submit(self, endpoint: str, request: BaseRequest, prompts: list[list[int]], max_tokens: int | None,
+                asked: dict[str, Any]):
         role = self.role
         params = role.params(temperature=request.temperature, top_p=request.top_p, max_tokens=max_tokens,
-                             seed=request.seed, stop=request.stops())
+                             seed=request.seed, stop=request.stops(), **asked)
         events = _Events()
         try:
-            response_id, job = role.generate(endpoint, prompt_ids, params, request.n, on_done=events.done,
-                                             on_tokens=events.tokens if request.stream else None,
-                                             conversation=request.conversation_id)
+            response_id, jobs = role.generate(endpoint, prompts, params, request.n, on_done=events.done,
+                                              on_tokens=events.tokens if request.stream else None,
+                                              conversation=request.conversation_id)
         except Overloaded as exc:
             raise _error(429, f"the server is full ({exc}); try again later", kind="rate_limit_error",
                          code="server_overloaded", headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
         head = {"id": response_id, "created": int(time.time()), "model": role.model_name}
-        return events, job, head
+        return events, jobs, head
 
-    async def _completions_of(self, events: _Events, job) -> list[Completion]:
+    async def _completions_of(self, events: _Events, jobs) -> list[Completion]:
         try:
             return await events.result()
         except JobStopped:
             raise _error(504, self._stopped_message(), kind="timeout")
         except asyncio.CancelledError:
-            self.role.cancel(job)
+            self.role.cancel(jobs)
             raise
         except Exception:
             logger.exception("serve: a request failed in the engine")
@@ -266,7 +215,7 @@ class _Completions:
         return (f"the request was stopped: not done within serve.request_timeout_s "
                 f"({self.role.settings.request_timeout_s:g}s), or the server is stopping; send it again")
 
-    def _sse(self, chunks: AsyncIterator[dict[str, Any]], job) -> StreamingResponse:
+    def _sse(self, chunks: AsyncIterator[dict[str, Any]], jobs) -> StreamingResponse:
         async def body() -> AsyncIterator[str]:
             finished = False
             try:
@@ -276,16 +225,20 @@ class _Completions:
                 yield "data: [DONE]\n\n"
             finally:
                 if not finished:  # the client went away (or the stream broke): the request leaves the engine
-                    self.role.cancel(job)
+                    self.role.cancel(jobs)
         return StreamingResponse(body(), media_type="text/event-stream")
 
-    async def _streamed(self, events: _Events, n: int, stops: list[str], dialect: Dialect, chunk,
+    async def _streamed(self, events: _Events, n: int, stops: list[str], dialect: Format, chunk,
                         usage_chunk) -> AsyncIterator[dict[str, Any]]:
         """Chunks of a streamed request: each choice's new text as it comes (none while nothing is worth a
-        chunk), then each choice's rest and finish, then (asked for) ``usage_chunk(completions)``."""
+        chunk), then each choice's rest and finish, then (asked for) ``usage_chunk(completions)``. An answer that
+        may be a tool call is sent whole when it is done (text sent early could not be taken back)."""
         texts = [TextDeltas(self.decode, stops) for _ in range(n)]
+        whole = isinstance(dialect, ChatFormat) and dialect.tools is not None and dialect.tools.enabled
         while True:
             kind, *rest = await events.queue.get()
+            if kind == "tokens" and whole:
+                continue
             if kind == "tokens":
                 index, ids, logprobs = rest
                 choice = dialect.chunk_choice(index, texts[index].add(ids), [self.decode([i]) for i in ids],
@@ -303,7 +256,11 @@ class _Completions:
                 yield {"error": {"message": INTERNAL, "type": "server_error", "param": None, "code": None}}
                 return
             for i, completion in enumerate(completions):
-                yield chunk([dialect.chunk_choice(i, texts[i].finish(completion.text), [], [], _finish(completion))])
+                if whole:
+                    yield chunk([dialect.whole_chunk_choice(i, completion, self._pieces(completion))])
+                    continue
+                yield chunk([dialect.chunk_choice(i, texts[i].finish(completion.text), [], [],
+                                                  finish_reason(completion))])
             if usage_chunk is not None:
                 yield usage_chunk(completions)
             return
@@ -314,9 +271,10 @@ def create_app(role: ServeRole) -> FastAPI:
     app.add_middleware(_BodyLimit, max_bytes=role.settings.max_body_bytes)
     key = role.settings.api_key.get_secret_value() if role.settings.api_key else None
     completions = _Completions(role)
+    chat_prompts = ChatPrompts(role.engine)
 
-    @app.exception_handler(HTTPException)
-    async def openai_errors(_request, exc: HTTPException):  # OpenAI's error shape, which its client reads
+    @app.exception_handler(StarletteHTTPException)
+    async def openai_errors(_request, exc: StarletteHTTPException):  # OpenAI's error shape, which its client reads
         return http_error(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -344,26 +302,46 @@ def create_app(role: ServeRole) -> FastAPI:
     def metrics() -> PlainTextResponse:
         return PlainTextResponse(generate_latest(role.runtime.registry), media_type=CONTENT_TYPE_LATEST)
 
+    served = {"id": role.model_name, "object": "model", "created": 0, "owned_by": "streamrft"}
+
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": role.model_name, "object": "model", "created": 0,
-                                            "owned_by": "streamrft"}]}
+        return {"object": "list", "data": [served]}
+
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)])
+    def model(model: str) -> dict[str, Any]:
+        if model != role.model_name:
+            raise _error(404, f"model {model!r} is not served here; this server serves {role.model_name!r}",
+                         code="model_not_found", param="model")
+        return served
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
     async def chat(request: ChatRequest):
+        tools = ToolAnswer(request)
+        asked = sampling_options(request, role.engine, tools)
         try:
-            prompt_ids = role.engine.prompt_ids([{"role": m.role, "content": m.content} for m in request.messages])
+            prompt_ids = chat_prompts.prompt_ids(request)
+        except HTTPException:
+            raise
         except Exception:  # noqa: BLE001 - the model's template refuses these messages (its own rules)
             logger.info("serve: the chat template refused a request's messages", exc_info=True)
             raise _error(400, "messages: the model's chat template does not accept these messages (their roles "
                               "or order)", param="messages", code="invalid_value")
-        return await completions.respond(request, prompt_ids, request.max_completion_tokens or request.max_tokens,
-                                         _Chat(request))
+        return await completions.respond(request, [prompt_ids], request.max_completion_tokens or request.max_tokens,
+                                         ChatFormat(request, role.engine.decode, tools if request.tools else None),
+                                         asked, ["messages"])
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def text(request: CompletionRequest):
-        prompt_ids = list(request.prompt) if isinstance(request.prompt, list) else role.engine.encode(request.prompt)
-        return await completions.respond(request, prompt_ids, request.max_tokens, _Text(request))
+        asked = sampling_options(request, role.engine)
+        given = request.prompt
+        batch = isinstance(given, list) and isinstance(given[0], (str, list))
+        prompts = list(given) if batch else [given]
+        ids = [role.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+        texts = [p if isinstance(p, str) else role.engine.decode(p) for p in prompts]
+        names = [f"prompt[{k}]" for k in range(len(prompts))] if batch else ["prompt"]
+        return await completions.respond(request, ids, request.max_tokens,
+                                         TextFormat(request, role.engine.decode, texts), asked, names)
 
     @app.post("/feedback", dependencies=[Depends(authorized)])
     def feedback(body: Feedback):

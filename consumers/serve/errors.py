@@ -1,7 +1,9 @@
 """Serve mode's error answers, in OpenAI's shape (``{"error": {message, type, param, code}}``, which its clients
-read; the same object under ``detail`` for clients of FastAPI's shape). A refused request body names the field
-and what the field allows, described from the request model's JSON schema, so the answer follows the model.
-Answers never carry exception text: what failed inside is in the server's log."""
+read; the same object under ``detail`` for clients of FastAPI's shape), for every status: a refused body is 400
+(not FastAPI's 422), an unknown route 404, a wrong method 405. A refused request body names the field and what
+the field allows, described from the request model's JSON schema, so the answer follows the model; a parameter
+this server does not support is named as such. Answers never carry exception text: what failed inside is in the
+server's log."""
 from __future__ import annotations
 
 from functools import cache
@@ -11,6 +13,7 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .api_models import REQUEST_MODELS
 
@@ -27,32 +30,45 @@ def answer(status: int, body: dict[str, Any], headers: dict[str, str] | None = N
     return JSONResponse(status_code=status, content={"error": body, "detail": body}, headers=headers)
 
 
-def http_error(exc: HTTPException) -> JSONResponse:
-    body = exc.detail if isinstance(exc.detail, dict) else {"message": str(exc.detail), "type":
-                                                           "invalid_request_error", "param": None, "code": None}
-    return answer(exc.status_code, body, exc.headers)
+def http_error(exc: StarletteHTTPException) -> JSONResponse:
+    """Any HTTPException, raised here (``error``) or by the framework (an unknown route, a wrong method)."""
+    if isinstance(exc.detail, dict):
+        body = exc.detail
+    else:
+        known = {404: ("the route does not exist; this server serves /v1/chat/completions, /v1/completions, "
+                       "/v1/models, /feedback, /health and /metrics", "not_found"),
+                 405: ("the route does not take this method", "method_not_allowed")}
+        message, code = known.get(exc.status_code, (str(exc.detail), None))
+        body = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return answer(exc.status_code, body, getattr(exc, "headers", None))
 
 
 def refused_body(path: str, exc: RequestValidationError) -> JSONResponse:
-    """400 on OpenAI's routes (their status for an invalid value), 422 on ``/feedback``: the first refused
-    field, what it allows and (cut short) what came."""
+    """400 (OpenAI's status for an invalid value): the first refused field, what it allows and (cut short)
+    what came; a parameter the model does not have is one this server does not support."""
     errors = list(exc.errors())
     # a value refused by every variant of a union gets an error per variant: the one that went deepest, and
-    # then one that names a limit (not "should be a string"), is about the variant the client meant
-    first = max(errors, key=lambda e: (len(e["loc"]), not e["type"].endswith("_type"))) if errors else None
+    # then one that names a limit (not "should be a string"), is about the variant the client meant; of errors
+    # as deep, a value sent comes before a neighbour not sent
+    first = max(errors, key=lambda e: (len(e["loc"]), e["type"] != "missing", not e["type"].endswith("_type"))
+                ) if errors else None
     model = REQUEST_MODELS.get(path)
-    status = 400 if path.startswith("/v1/") else 422
     if first is None:
-        return answer(status, {"message": "the request body is invalid", "type": "invalid_request_error",
-                               "param": None, "code": "invalid_value"})
+        return answer(400, {"message": "the request body is invalid", "type": "invalid_request_error",
+                            "param": None, "code": "invalid_value"})
     loc = [p for p in first["loc"] if p != "body"]
+    if first["type"] == "extra_forbidden":
+        param = ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+        return answer(400, {"message": f"{param}: this server does not support the parameter "
+                                       f"{str(loc[-1])!r}; send the request without it",
+                            "type": "invalid_request_error", "param": param, "code": "unsupported_parameter"})
     param, schema = _follow(model, loc) if model is not None else (None, None)
     message = f"{param}: {first['msg']}" if param else first["msg"]
     if first["type"] not in ("json_invalid", "missing") and "input" in first:
         message += f" (got {_short(first['input'])})"
     if schema is not None:
         message += f"; allowed: {describe(schema)}"
-    return answer(status, {"message": message, "type": "invalid_request_error", "param": param,
+    return answer(400, {"message": message, "type": "invalid_request_error", "param": param,
                            "code": first["type"]})
 
 
@@ -78,10 +94,22 @@ def _follow(model: type[BaseModel], loc: list) -> tuple[str | None, dict | None]
         owner = next((v for v in _variants(node, defs) if part in v.get("properties", {})), None)
         if owner is not None:
             node, param = owner["properties"][part], f"{param}.{part}" if param else str(part)
-        else:  # a union tag ("str", "list[int]"): the variant of that type
-            wanted = "array" if part.startswith("list") else "string" if "str" in part else None
-            node = next((v for v in _variants(node, defs) if v.get("type") == wanted), node)
+        else:  # a union tag ("str", "list[constrained-int]"): the variant of that type
+            node = next((v for v in _variants(node, defs) if _is_tagged(v, str(part), defs)), node)
     return param or None, _resolve(node, defs)
+
+
+def _is_tagged(node: dict, tag: str, defs: dict) -> bool:
+    """Whether ``node`` is the union variant pydantic's ``tag`` names (its type, and its items' for a list)."""
+    name = tag.removeprefix("constrained-")
+    kind = "array" if name.startswith("list[") else {"str": "string", "int": "integer", "float": "number",
+                                                      "bool": "boolean"}.get(name)
+    if node.get("type") != kind:
+        return False
+    if kind != "array":
+        return True
+    inner = tag[len("list["):-1]
+    return any(_is_tagged(v, inner, defs) for v in _variants(_resolve(node.get("items", {}), defs), defs))
 
 
 @cache

@@ -29,6 +29,7 @@ class Pending:
     choices: int
     created: float
     conversation: str | None = None
+    per_prompt: int | None = None  # choices of each prompt of a batch request (None: one prompt, all choices)
 
 
 class PendingExperiences:
@@ -44,13 +45,16 @@ class PendingExperiences:
         self.evicted = 0
         self._lock = threading.Lock()
 
-    def add(self, request_id: str, completions: list[Completion], conversation: str | None = None) -> None:
+    def add(self, request_id: str, completions: list[Completion], conversation: str | None = None,
+            per_prompt: int | None = None) -> None:
+        """The choices of one response; of a batch of prompts, ``per_prompt`` choices each, prompt-major."""
         now = self.clock()
+        batch = per_prompt if per_prompt is not None and per_prompt != len(completions) else None
         with self._lock:
             self._expire(now)
             for i, completion in enumerate(completions):
                 self._items[(request_id, i)] = Pending(completion, request_id, i, len(completions), now,
-                                                       conversation)
+                                                       conversation, batch)
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
                 self.evicted += 1
@@ -102,14 +106,17 @@ class Grouping:
 
     def assign(self, pending: Pending, group_id: str | None, group_size: int | None) -> tuple[str, int, int]:
         """``(group_id, group_size, run_index)``."""
-        if self.kind == "request":
+        if self.kind == "request":  # the choices of one prompt (a batch request has several prompts)
+            if pending.per_prompt is not None:
+                prompt, index = divmod(pending.choice, pending.per_prompt)
+                return f"{pending.request_id}.p{prompt}", pending.per_prompt, index
             return pending.request_id, pending.choices, pending.choice
         with self._lock:
             if self.kind == "count":
                 n = next(self._count)
                 return f"{self.session}-g{n // self.group_size}", self.group_size, n % self.group_size
             if not group_id or not group_size or group_size < 1:
-                raise FeedbackError(422, "serve.grouping is client: the feedback must name group_id and "
+                raise FeedbackError(400, "serve.grouping is client: the feedback must name group_id and "
                                          "group_size >= 1")
             index = self._members.get(group_id, 0)
             if index >= group_size:

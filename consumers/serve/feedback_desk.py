@@ -90,11 +90,11 @@ class FeedbackDesk:
         """What ``POST /feedback`` answers (the module docstring); raises FeedbackError for a refusal."""
         if not math.isfinite(reward):  # the HTTP body is checked already; this guards every other caller
             self._refused()
-            raise FeedbackError(422, f"reward: {reward} is not a finite number")
+            raise FeedbackError(400, f"reward: {reward} is not a finite number")
         conversational = self.settings.grouping == "conversation"
         if end_conversation and not conversational:
             self._refused()
-            raise FeedbackError(422, "end_conversation needs serve.grouping: conversation (this server groups by "
+            raise FeedbackError(400, "end_conversation needs serve.grouping: conversation (this server groups by "
                                      f"{self.settings.grouping})")
         answered = self._answer_from_receipt(response_id, choice, reward)
         if answered is not None:
@@ -161,7 +161,7 @@ class FeedbackDesk:
         if not pending.conversation:
             self.pending.give_back(pending)
             self._refused()
-            raise FeedbackError(422, "serve.grouping is conversation: the request must name its conversation "
+            raise FeedbackError(400, "serve.grouping is conversation: the request must name its conversation "
                                      "(conversation_id in the request body)")
         held = self.conversations.add(pending, reward)
         self.c_feedback.labels("held").inc()

@@ -162,35 +162,72 @@ class ServeRole:
 
     # -- completions -------------------------------------------------------------------------------------------
     def params(self, *, temperature: float | None, top_p: float | None, max_tokens: int | None,
-               seed: int | None, stop: list[str] | None) -> SamplingParams:
+               seed: int | None, stop: list[str] | None, **asked) -> SamplingParams:
         """The request's sampling settings over the run's defaults (``rollout.sampling``), bounded by
-        ``serve.max_tokens``."""
+        ``serve.max_tokens``; ``asked``: what the client wants besides the samples (``top_logprobs``,
+        ``prompt_logprobs``, ``json_schema``)."""
         tokens = min(max_tokens or self.sampling.max_tokens, self.settings.max_tokens)
         return SamplingParams(temperature=self.sampling.temperature if temperature is None else temperature,
                               top_p=self.sampling.top_p if top_p is None else top_p, top_k=self.sampling.top_k,
-                              max_tokens=tokens, seed=seed, stop=tuple(stop or ()))
+                              max_tokens=tokens, seed=seed, stop=tuple(stop or ()), **asked)
 
-    def generate(self, endpoint: str, prompt_ids: list[int], params: SamplingParams, n: int, *,
+    def generate(self, endpoint: str, prompts: list[list[int]], params: SamplingParams, n: int, *,
                  on_done: Callable[[list[Completion] | None, BaseException | None], None],
-                 on_tokens: TokenListener | None = None, conversation: str | None = None) -> tuple[str, Job]:
-        """Queue a request of ``n`` choices; returns its response id and job. Its completions wait for feedback
-        before ``on_done`` hears them. Raises :class:`~streamrft.engines.serving.Overloaded` when the engine
-        and its queue are full."""
+                 on_tokens: TokenListener | None = None, conversation: str | None = None) -> tuple[str, list[Job]]:
+        """Queue a request of ``n`` choices of each prompt (a job per prompt); returns its response id and jobs.
+        ``on_done`` hears the choices prompt-major (prompt k's choice j is choice ``k * n + j``, also for
+        ``on_tokens``) once every job is done, after they are kept for feedback; the first job that fails fails
+        the request and stops the others. Raises :class:`~streamrft.engines.serving.Overloaded` when the engine
+        and its queue are full (nothing of the request is left queued)."""
         self.c_requests.labels(endpoint).inc()
         response_id = f"{'chatcmpl' if endpoint == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        results: list[list[Completion] | None] = [None] * len(prompts)
+        jobs: list[Job] = []
+        lock = threading.Lock()
+        over = False
 
-        def done(completions: list[Completion] | None, error: BaseException | None) -> None:
-            if completions is not None:
-                self.pending.add(response_id, completions, conversation)
-                self.c_tokens.inc(sum(len(c.response_ids) for c in completions))
-            on_done(completions, error)
+        def done_for(k: int) -> Callable[[list[Completion] | None, BaseException | None], None]:
+            def done(completions: list[Completion] | None, error: BaseException | None) -> None:
+                nonlocal over
+                with lock:
+                    if over:
+                        return
+                    results[k] = completions
+                    if error is None and any(r is None for r in results):
+                        return
+                    over = True
+                if error is not None:
+                    for job in jobs:
+                        self.serving.cancel(job)
+                    on_done(None, error)
+                    return
+                choices = [c for result in results for c in result]
+                self.pending.add(response_id, choices, conversation, per_prompt=n)
+                self.c_tokens.inc(sum(len(c.response_ids) for c in choices))
+                on_done(choices, None)
+            return done
 
-        job = Job(prompt_ids, params, n, on_done=done, on_tokens=on_tokens)
-        self.serving.submit(job)
-        return response_id, job
+        def tokens_for(k: int) -> TokenListener | None:
+            if on_tokens is None:
+                return None
+            return lambda _prompt, choice, ids, logprobs: on_tokens(0, k * n + choice, ids, logprobs)
 
-    def cancel(self, job: Job) -> None:
-        self.serving.cancel(job)
+        try:
+            for k, prompt_ids in enumerate(prompts):
+                job = Job(prompt_ids, params, n, on_done=done_for(k), on_tokens=tokens_for(k))
+                self.serving.submit(job)
+                jobs.append(job)
+        except BaseException:
+            with lock:
+                over = True
+            for job in jobs:
+                self.serving.cancel(job)
+            raise
+        return response_id, jobs
+
+    def cancel(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.serving.cancel(job)
 
 
 class _EngineLoop:

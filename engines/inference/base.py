@@ -38,7 +38,12 @@ class SamplingParams:
     """How to sample. ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p >= 1`` switch those
     filters off. ``seed`` makes sampling reproducible: sample ``j`` of a prompt draws from a generator seeded
     with ``seed + j`` whatever else is in the batch. ``stop`` strings end a sample (as does the EOS token); the
-    token that completes a stop string is kept in the token ids (it was sampled), the text is cut before it."""
+    token that completes a stop string is kept in the token ids (it was sampled), the text is cut before it.
+
+    What a client of the served API may ask for besides the samples: ``top_logprobs`` alternatives at each
+    response position (``Completion.top_logprobs``), the prompt's own logprobs with ``prompt_logprobs``
+    alternatives (``Completion.prompt_logprobs``; None: not computed), and ``json_schema``, the JSON text of a
+    schema the response must match (guided decoding, only where ``InferenceEngine.structured_outputs``)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -46,6 +51,9 @@ class SamplingParams:
     max_tokens: int = 64
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    top_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -54,6 +62,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.top_logprobs < 0 or (self.prompt_logprobs is not None and self.prompt_logprobs < 0):
+            raise ValueError(f"top_logprobs and prompt_logprobs must be >= 0, got {self.top_logprobs}, "
+                             f"{self.prompt_logprobs}")
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
@@ -93,6 +104,12 @@ class Completion:
     # new weights loaded while the sample was being generated (InferenceEngine.loads_in_flight): (index of the
     # first response token of a version, that version), oldest first; empty when one version made it all
     version_switches: list[tuple[int, int]] = field(default_factory=list)
+    # SamplingParams.top_logprobs > 0: per response token, {token id: logprob} of the most likely tokens and the
+    # sampled one (under the same temperature-scaled policy as ``logprobs``)
+    top_logprobs: list[dict[int, float]] | None = None
+    # SamplingParams.prompt_logprobs set: per prompt token, {token id: logprob} of that token and the most likely
+    # ones given the tokens before it; None for the first token, which has nothing before it
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     @property
     def last_version(self) -> int:
@@ -147,6 +164,8 @@ class InferenceEngine(ABC):
     # The longest sequence (prompt + response tokens) the engine serves, None when it does not say: a sample
     # stops there ("length"), as vLLM's do at its max_model_len, so no sequence outgrows the model's positions.
     max_model_len: int | None = None
+    # True when the engine honours SamplingParams.json_schema (guided decoding); others refuse it
+    structured_outputs: bool = False
 
     # -- generation ----------------------------------------------------------------------------------------
 
@@ -278,9 +297,13 @@ class InferenceEngine(ABC):
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+        """The chat template's text of ``messages``; ``tools`` (OpenAI function descriptions) go to the template,
+        which shows them to the model if it knows how."""
+        extra = {"tools": [dict(t) for t in tools]} if tools else {}
         return self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False
+            [dict(m) for m in messages], add_generation_prompt=add_generation_prompt, tokenize=False, **extra
         )
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:

@@ -80,6 +80,12 @@ def filter_logits(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return scaled
 
 
+def _most_likely(logprobs: torch.Tensor, count: int) -> list[dict[int, float]]:
+    """Per row of ``logprobs`` ([rows, vocab]), {token id: logprob} of its ``count`` most likely tokens."""
+    values, ids = logprobs.topk(min(count, logprobs.shape[-1]), dim=-1)
+    return [dict(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+
+
 @dataclass
 class _Row:
     """One sample being decoded. ``listen(token, logprob)`` hears each token as it is sampled (streaming); when
@@ -90,6 +96,8 @@ class _Row:
     listen: Callable[[int, float], bool | None] | None = None
     response_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top: list[dict[int, float]] | None = None  # SamplingParams.top_logprobs
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # SamplingParams.prompt_logprobs
     finish_reason: str | None = None
     stop_reason: str | None = None
     text: str | None = None
@@ -184,10 +192,15 @@ class TransformersEngine(InferenceEngine):
             if self.max_model_len is not None and len(ids) >= self.max_model_len:
                 raise EngineError(f"a prompt of {len(ids)} tokens leaves no room in the model's "
                                   f"{self.max_model_len} positions")
+            if sample_params.json_schema is not None:
+                raise EngineError("the transformers engine has no guided decoding (json_schema); use the vllm "
+                                  "engine")
+            prompt_logprobs = None if sample_params.prompt_logprobs is None else self._prompt_logprobs(
+                ids, sample_params.prompt_logprobs, sample_params.logprob_temperature)
             listener = listeners[i] if listeners else None
             for j in range(n):
                 row = _Row(prompt_ids=ids, generator=self._generator(sample_params, j),
-                           listen=listener(j) if listener else None)
+                           listen=listener(j) if listener else None, prompt_logprobs=prompt_logprobs)
                 rows.append(row)
                 batches.setdefault(sample_params.replace(seed=None), []).append(row)
         for shared, batch in batches.items():
@@ -230,12 +243,15 @@ class TransformersEngine(InferenceEngine):
             tokens = self._choose(scaled, params, [rows[i] for i in active])
             chosen_logprobs = logprobs.gather(-1, tokens[:, None])[:, 0].tolist()
             tokens_list = tokens.tolist()
+            tops = _most_likely(logprobs, params.top_logprobs) if params.top_logprobs else None
 
             keep = []
             for b, i in enumerate(active):
                 row = rows[i]
                 row.response_ids.append(tokens_list[b])
                 row.logprobs.append(chosen_logprobs[b])
+                if tops is not None:
+                    row.top = (row.top or []) + [{**tops[b], tokens_list[b]: chosen_logprobs[b]}]
                 if row.listen is not None and row.listen(tokens_list[b], chosen_logprobs[b]) is False:
                     row.finish_reason = "length"  # nobody wants the rest
                 elif tokens_list[b] == eos:
@@ -256,6 +272,19 @@ class TransformersEngine(InferenceEngine):
             attention = torch.cat([attention, attention.new_ones((len(active), 1))], dim=-1)
             out, cache = self._forward(tokens[:, None], attention, next_position, cache)
             next_position = next_position + 1
+
+    @torch.inference_mode()
+    def _prompt_logprobs(self, ids: list[int], alternatives: int, temperature: float) -> list[dict[int, float] | None]:
+        """Each prompt token's logprob given the tokens before it (one forward pass over the prompt), with the
+        ``alternatives`` most likely tokens at its position; None for the first token."""
+        if len(ids) < 2:
+            return [None] * len(ids)
+        inputs = torch.tensor([ids], device=self.device)
+        logits = self.model(input_ids=inputs, attention_mask=torch.ones_like(inputs)).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits / temperature, dim=-1)
+        own = logprobs.gather(-1, inputs[0, 1:, None])[:, 0].tolist()
+        tops = _most_likely(logprobs, alternatives) if alternatives else [{} for _ in own]
+        return [None] + [{**top, token: lp} for top, token, lp in zip(tops, ids[1:], own)]
 
     def _at_model_len(self, row: _Row) -> bool:
         return self.max_model_len is not None and len(row.prompt_ids) + len(row.response_ids) >= self.max_model_len
@@ -295,6 +324,8 @@ class TransformersEngine(InferenceEngine):
             finish_reason=row.finish_reason or "length",
             model_version=self._version,
             stop_reason=row.stop_reason,
+            top_logprobs=row.top,
+            prompt_logprobs=row.prompt_logprobs,
         )
 
     # -- weights -------------------------------------------------------------------------------------------

@@ -110,6 +110,7 @@ class _Sample:
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     text: list[str] = field(default_factory=list)
+    top: list[dict[int, float]] = field(default_factory=list)
     switches: list[tuple[int, int]] = field(default_factory=list)
     finish_reason: str | None = None  # from the delta that ended it
     stop_reason: Any = None
@@ -134,6 +135,10 @@ class _Call:
     open: int = 0
     on_tokens: TokenListener | None = None
     progress: dict[tuple[int, int], _Sample] | None = None
+    # what a client asked for besides the samples: prompts whose alternatives at each token are kept, and each
+    # prompt's own logprobs (SamplingParams.top_logprobs, prompt_logprobs)
+    alternatives: set[int] = field(default_factory=set)
+    prompt_logprobs: dict[int, list[dict[int, float] | None]] = field(default_factory=dict)
 
     def grew(self, prompt: int, sample: int, output: Any) -> None:
         """Sample ``sample`` of ``prompt`` gained ``output`` (vLLM's DELTA ``CompletionOutput``)."""
@@ -142,6 +147,8 @@ class _Call:
         progress = self.progress.setdefault((prompt, sample), _Sample(self.version))
         progress.ids += ids
         progress.logprobs += logprobs
+        if prompt in self.alternatives:
+            progress.top += _alternatives(output.logprobs)
         progress.text.append(output.text)
         if output.finish_reason is not None:
             progress.finish_reason, progress.stop_reason = output.finish_reason, output.stop_reason
@@ -241,6 +248,7 @@ class VLLMEngine(InferenceEngine):
     # -- generation ----------------------------------------------------------------------------------------
 
     incremental = True
+    structured_outputs = True
 
     def generate(
         self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams], n: int = 1
@@ -275,6 +283,8 @@ class VLLMEngine(InferenceEngine):
             for i, (prompt, sample_params) in enumerate(zip(prompts, per_prompt_params(params, len(prompts)))):
                 check_sampling(sample_params)
                 ids = self.prompt_ids(prompt)
+                if sample_params.top_logprobs:
+                    call.alternatives.add(i)
                 per_request = [(j, 1) for j in range(n)] if sample_params.seed is not None else [(0, n)]
                 for j, count in per_request:
                     request_id = f"srft-{next(self._ids)}"
@@ -298,6 +308,9 @@ class VLLMEngine(InferenceEngine):
             if output.request_id not in self._owner:
                 continue
             call, i, j, count = self._owner[output.request_id]
+            if output.prompt_logprobs and i not in call.prompt_logprobs:
+                call.prompt_logprobs[i] = [None if step is None else {t: lp.logprob for t, lp in step.items()}
+                                           for step in output.prompt_logprobs]
             if call.progress is not None:
                 for sample in output.outputs:
                     call.grew(i, j + sample.index, sample)
@@ -306,11 +319,14 @@ class VLLMEngine(InferenceEngine):
             del self._owner[output.request_id]
             prompt_ids = list(output.prompt_token_ids)
             if call.progress is not None:  # a DELTA output holds only the samples that grew in its step
-                call.samples[i] += [(j + k, self._built(prompt_ids, self._progress_of(call, i, j + k)))
-                                    for k in range(count)]
+                built = [(j + k, self._built(prompt_ids, self._progress_of(call, i, j + k), i in call.alternatives))
+                         for k in range(count)]
             else:
-                call.samples[i] += [(j + sample.index, self.completion(prompt_ids, sample))
-                                    for sample in output.outputs]
+                built = [(j + sample.index, self.completion(prompt_ids, sample, i in call.alternatives))
+                         for sample in output.outputs]
+            for _, completion in built:
+                completion.prompt_logprobs = call.prompt_logprobs.get(i)
+            call.samples[i] += built
             call.open -= 1
             if call.open == 0:
                 del self._calls_by_key[call.key]
@@ -337,10 +353,14 @@ class VLLMEngine(InferenceEngine):
 
     def vllm_params(self, params: SamplingParams, n: int, seed: int | None):
         """vLLM's SamplingParams for ours (``n`` samples, ``seed`` for the first)."""
+        from vllm.sampling_params import StructuredOutputsParams
+
+        structured = None if params.json_schema is None else StructuredOutputsParams(json=params.json_schema)
         return self._vllm.SamplingParams(
             n=n, temperature=params.temperature, top_p=1.0, top_k=-1, max_tokens=params.max_tokens, seed=seed,
             stop=list(params.stop) or None,
-            logprobs=0,  # the sampled token's logprob only
+            logprobs=params.top_logprobs,  # 0: the sampled token's logprob only
+            prompt_logprobs=params.prompt_logprobs, structured_outputs=structured,
         )
 
     @staticmethod
@@ -349,22 +369,23 @@ class VLLMEngine(InferenceEngine):
             return None
         return call.progress.setdefault((prompt, sample), _Sample(call.version))  # none if it made no token
 
-    def completion(self, prompt_ids: list[int], sample: Any) -> Completion:
+    def completion(self, prompt_ids: list[int], sample: Any, alternatives: bool = False) -> Completion:
         """Our Completion of one whole vLLM ``CompletionOutput`` (FINAL_ONLY)."""
         ids = list(sample.token_ids)
         logprobs = [step[token].logprob for token, step in zip(ids, sample.logprobs)]
         return Completion(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, text=sample.text,
                           finish_reason=_finish(sample.finish_reason), model_version=self._version,
-                          stop_reason=_stop(sample.stop_reason))
+                          stop_reason=_stop(sample.stop_reason),
+                          top_logprobs=_alternatives(sample.logprobs) if alternatives else None)
 
     @staticmethod
-    def _built(prompt_ids: list[int], progress: _Sample) -> Completion:
+    def _built(prompt_ids: list[int], progress: _Sample, alternatives: bool = False) -> Completion:
         """Our Completion of a sample built up from vLLM's DELTA outputs."""
         return Completion(
             prompt_ids=prompt_ids, response_ids=progress.ids, logprobs=progress.logprobs,
             text="".join(progress.text), finish_reason=_finish(progress.finish_reason),
             model_version=progress.version, stop_reason=_stop(progress.stop_reason),
-            version_switches=progress.switches)
+            version_switches=progress.switches, top_logprobs=progress.top if alternatives else None)
 
     # -- weights -------------------------------------------------------------------------------------------
 
@@ -415,6 +436,11 @@ def check_sampling(params: SamplingParams) -> None:
         raise ValueError(
             "the vllm engine returns logprobs after top-k/top-p renormalisation, which a trainer cannot "
             "reproduce; sample with top_k=0 and top_p=1.0")
+
+
+def _alternatives(steps: Any) -> list[dict[int, float]]:
+    """{token id: logprob} per position of vLLM's logprobs (the sampled token and the most likely ones)."""
+    return [{token: lp.logprob for token, lp in step.items()} for step in steps]
 
 
 def _finish(reason: str | None) -> str:

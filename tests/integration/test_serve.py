@@ -40,11 +40,12 @@ def serve_config(run_config, tiny_model_dir, tmp_path, *, serve: dict | None = N
 
 
 @contextlib.contextmanager
-def serving(config):
-    """`streamrft serve`'s role and HTTP server in this process; yields (clients, role, base url, openai client)."""
+def serving(config, engine=None):
+    """`streamrft serve`'s role and HTTP server in this process (on ``engine``, default the run's); yields
+    (clients, role, base url, openai client)."""
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
-    role = ServeRole(config, clients, StopSignal(signals=())).start()
+    role = ServeRole(config, clients, StopSignal(signals=()), engine=engine).start()
     server = http_server(role)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -206,7 +207,7 @@ def test_conversation_grouping_writes_a_conversations_rewarded_turns_as_one_grou
                                                    extra_body={"conversation_id": "conv-8"})
         unnamed = client.chat.completions.create(model="tiny", messages=QUESTION, max_tokens=4)
         refused = feedback(base, response_id=unnamed.id, reward=1.0)
-        assert refused.status_code == 422 and "conversation_id" in refused.text
+        assert refused.status_code == 400 and "conversation_id" in refused.text
         held = [feedback(base, response_id=turns[0].id, reward=0.0), feedback(base, response_id=elsewhere.id,
                 reward=1.0), feedback(base, response_id=turns[1].id, reward=0.5)]
         assert [(r.status_code, r.json()["written"], r.json()["held"]) for r in held] == [  # 202: held, not written

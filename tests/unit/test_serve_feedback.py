@@ -59,7 +59,7 @@ def test_groupings_name_the_group_its_size_and_the_run_index():
     assert full.value.status == 409
     with pytest.raises(FeedbackError) as unnamed:
         client.assign(third, None, None)
-    assert unnamed.value.status == 422
+    assert unnamed.value.status == 400
 
 
 def test_conversations_hold_rewarded_responses_until_they_end_and_expire_when_they_never_do():
