@@ -528,7 +528,7 @@ def memory_table(memory: MemoryLedger, warmup_s: float) -> Table:
 
 
 def lag_table(lags: dict[str, list[int]]) -> Table:
-    table = Table(title=f"consumer group lag (offsets, sampled every {SAMPLE_S:.0f} s)")
+    table = Table(title=f"consumer group lag (records, sampled every {SAMPLE_S:.0f} s)")
     for column in ("group", "median", "max", "last"):
         table.add_column(column, justify="left" if column == "group" else "right")
     for group, values in sorted(lags.items()):

@@ -220,17 +220,23 @@ class Bench:
         self.runtime.close()
 
 
-def write_outputs(rows: list[BenchRow], tasksets, out: Path) -> tuple[Path, Path | None]:
-    """``bench.csv`` (one row per version and taskset, every metric) and ``bench.png`` (mean@n and best@n per
+def write_outputs(rows: list[BenchRow], tasksets, out: Path,
+                  per_version: dict[int, dict[str, float]] | None = None) -> tuple[Path, Path | None]:
+    """``bench.csv`` (one row per version and taskset, every metric, then the columns of ``per_version``:
+    figures of a whole version, such as lm-eval's, on each of its rows) and ``bench.png`` (mean@n and best@n per
     version; None without matplotlib)."""
     out.mkdir(parents=True, exist_ok=True)
     names = sorted({k.rpartition("/")[2] for r in rows for k in r.metrics})
+    per_version = per_version or {}
+    extra = sorted({column for columns in per_version.values() for column in columns})
     table = out / "bench.csv"
     with table.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["version", "taskset", *names])
+        writer.writerow(["version", "taskset", *names, *extra])
         for r in rows:
-            writer.writerow([r.version, r.taskset, *(r.metrics.get(f"eval/{r.taskset}/{n}", "") for n in names)])
+            version = per_version.get(r.version, {})
+            writer.writerow([r.version, r.taskset, *(r.metrics.get(f"eval/{r.taskset}/{n}", "") for n in names),
+                             *(version.get(column, "") for column in extra)])
     try:
         import matplotlib
 

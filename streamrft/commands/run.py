@@ -312,7 +312,9 @@ def _group_lags_or(last: dict[str, int], clients: KafkaClients) -> dict[str, int
 
 
 def _log_new_steps(follower: MetricsFollower, reported: set[int]) -> None:
-    for step, values in sorted(follower.by_role.get("explorer", {}).items()):
+    explorer = follower.by_role.get("explorer", {})
+    reported.intersection_update(explorer)  # the steps the follower still keeps: bounded over a long run
+    for step, values in sorted(explorer.items()):
         if step not in reported and "rollout/tasks" in values:
             reported.add(step)
             console.print(f"step {step}: reward {values.get('rollout/reward_mean', float('nan')):.3f}, accuracy "

@@ -17,24 +17,62 @@ from streamrft.schemas import Metric
 from .supervision import describe_exit
 
 ROWS = 12
+# steps of each role kept for the view: the table shows ROWS, the ETA the last few; a run lasts days, so what
+# accumulates over all steps (steps done, tasks per taskset, the newest eval round) is folded in as it arrives
+KEEP_STEPS = 64
 
 
-class MetricsFollower:
-    """Follows the run's ``metrics`` topic from the beginning (group-less) and keeps the values by step."""
+class MetricsHistory:
+    """The run's metrics as the view needs them, in memory bounded whatever the run's length: each role's last
+    KEEP_STEPS steps, the latest value of each name, and running figures over all steps (explorer steps
+    finished, tasks per training taskset, the newest eval round per eval taskset)."""
+
+    def __init__(self) -> None:
+        self.by_role: dict[str, dict[int, dict[str, float]]] = defaultdict(dict)
+        self.latest: dict[str, float] = {}
+        self.steps_finished = 0  # explorer steps with their step time: finished (step -1 is the base model's eval)
+        self.taskset_tasks: dict[str, float] = defaultdict(float)  # rollout/taskset/<name>/tasks, summed
+        self.evals: dict[str, tuple[int, dict[str, float]]] = {}  # eval taskset -> (step, {"mean@4": ...})
+
+    def add(self, role: str, step: int, name: str, value: float) -> None:
+        steps = self.by_role[role]
+        values = steps.setdefault(step, {})
+        new = name not in values
+        values[name] = value
+        self.latest[name] = value
+        if role == "explorer" and new:
+            self._fold(step, name, value)
+        if len(steps) > KEEP_STEPS:
+            del steps[min(steps)]
+
+    def _fold(self, step: int, name: str, value: float) -> None:
+        if name == "time/step_s" and step >= 0:
+            self.steps_finished += 1
+        elif name.startswith("rollout/taskset/") and name.endswith("/tasks"):
+            self.taskset_tasks[name[len("rollout/taskset/"):-len("/tasks")]] += value
+        elif name.startswith("eval/") and "@" in name:
+            _, taskset, what = name.split("/", 2)
+            newest = self.evals.get(taskset)
+            if newest is None or step > newest[0]:
+                self.evals[taskset] = newest = (step, {})
+            if step == newest[0]:
+                newest[1][what] = value
+
+
+class MetricsFollower(MetricsHistory):
+    """Follows the run's ``metrics`` topic from the beginning (group-less) into a :class:`MetricsHistory`."""
 
     def __init__(self, clients: KafkaClients):
+        super().__init__()
         topic = clients.config.topic("metrics")
         self._consumer = clients.consumer([topic], Metric, group=clients.config.consumer_group("dashboard"),
                                           client_id="dashboard", subscribe=False, dead_letters=False)
         self._consumer.assign(clients.offsets(topic, "start"))
-        self.by_role: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-        self.latest: dict[str, float] = {}
 
     def poll(self) -> None:
         for item in self._consumer.poll(max_records=5000, timeout=0.05):
             metric = item.record
-            self.by_role[metric.role][metric.step][metric.name] = metric.value
-            self.latest[metric.name] = metric.value
+            self.add(metric.role, metric.step, metric.name, metric.value)
 
     def close(self) -> None:
         self._consumer.close()
@@ -55,37 +93,19 @@ def progress(done: int, total: int | None, recent_step_s: list[float]) -> str:
     return f"{done}/{total} steps, ETA {left / 60:.1f} min"
 
 
-def latest_evals(explorer: dict[int, dict[str, float]]) -> dict[str, tuple[int, dict[str, float]]]:
-    """Per eval taskset, its newest round: ``{taskset: (step, {"mean@4": .., "best@4": ..})}``."""
-    found: dict[str, tuple[int, dict[str, float]]] = {}
+def taskset_lines(history: MetricsHistory) -> dict[str, dict[str, float]]:
+    """Per training taskset: tasks rolled out so far, and the newest step's accuracy and reward."""
+    totals = {name: {"tasks": tasks} for name, tasks in history.taskset_tasks.items()}
+    explorer = history.by_role.get("explorer", {})
     for step in sorted(explorer):
         for name, value in explorer[step].items():
-            if name.startswith("eval/") and "@" in name:
-                _, taskset, what = name.split("/", 2)
-                if taskset not in found or found[taskset][0] != step:
-                    found[taskset] = (step, {})
-                found[taskset][1][what] = value
-    return found
-
-
-def taskset_totals(explorer: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
-    """Per training taskset (``rollout/taskset/<name>/*``): tasks rolled out so far, and the latest step's
-    accuracy and reward."""
-    totals: dict[str, dict[str, float]] = {}
-    for step in sorted(explorer):
-        for name, value in explorer[step].items():
-            if not name.startswith("rollout/taskset/"):
-                continue
-            taskset, what = name[len("rollout/taskset/"):].rsplit("/", 1)
-            entry = totals.setdefault(taskset, {"tasks": 0.0})
-            if what == "tasks":
-                entry["tasks"] += value
-            else:
-                entry[what] = value
+            if name.startswith("rollout/taskset/") and not name.endswith("/tasks"):
+                taskset, what = name[len("rollout/taskset/"):].rsplit("/", 1)
+                totals.setdefault(taskset, {"tasks": 0.0})[what] = value
     return totals
 
 
-def render(follower: MetricsFollower, lags: dict[str, int], processes: list, started: float, run: str, *,
+def render(follower: MetricsHistory, lags: dict[str, int], processes: list, started: float, run: str, *,
            max_steps: int | None = None, sync: str = ""):
     """``sync``: a line saying what paces the explorer (``sync_line``)."""
     explorer = follower.by_role.get("explorer", {})
@@ -108,13 +128,13 @@ def render(follower: MetricsFollower, lags: dict[str, int], processes: list, sta
     # the pace is the time between finished steps: with several steps in flight a step's own time is longer
     step_times = [explorer[step].get("time/step_interval_s", explorer[step]["time/step_s"])
                   for step in sorted(explorer) if "time/step_s" in explorer[step]]
-    side.add_row("progress", progress(len(step_times), max_steps, step_times[-5:]))
+    side.add_row("progress", progress(follower.steps_finished, max_steps, step_times[-5:]))
     if sync:
         side.add_row("sync", sync)
-    for taskset, values in taskset_totals(explorer).items():
+    for taskset, values in taskset_lines(follower).items():
         side.add_row(f"taskset {taskset}", f"{values['tasks']:.0f} tasks, accuracy {_fmt(values.get('accuracy'))}, "
                                            f"reward {_fmt(values.get('reward_mean'))}")
-    for taskset, (step, values) in sorted(latest_evals(explorer).items()):
+    for taskset, (step, values) in sorted(follower.evals.items()):
         side.add_row(f"eval {taskset} ({'base model' if step < 0 else f'after step {step}'})",
                      ", ".join(f"{k} {v:.3f}" for k, v in sorted(values.items())))
     sampled = [explorer[step] for step in sorted(explorer) if "rollout/filtered_groups" in explorer[step]]

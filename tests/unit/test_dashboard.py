@@ -2,24 +2,32 @@
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from types import SimpleNamespace
 
 from rich.console import Console
 
-from streamrft.launch.dashboard import render
+from streamrft.launch.dashboard import KEEP_STEPS, MetricsHistory, render
+
+
+def history_of(by_role: dict, latest: dict | None = None) -> MetricsHistory:
+    """The history a follower would hold after reading these values, in step order."""
+    history = MetricsHistory()
+    for role, steps in by_role.items():
+        for step in sorted(steps):
+            for name, value in steps[step].items():
+                history.add(role, step, name, value)
+    history.latest.update(latest or {})
+    return history
 
 
 def test_dashboard_shows_steps_trainer_figures_lag_and_processes():
-    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
-    follower.by_role["explorer"] = {
+    follower = history_of({"explorer": {
         0: {"rollout/reward_mean": 0.047, "rollout/accuracy": 0.047, "rollout/model_version": 0,
             "rollout/staleness": 0, "rollout/ok": 8, "rollout/tasks": 8, "time/step_s": 18.5},
         1: {"rollout/reward_mean": 0.172, "rollout/accuracy": 0.172, "rollout/model_version": 0,
             "rollout/staleness": 1, "rollout/ok": 7, "rollout/tasks": 8, "time/step_s": 94.5},
-    }
-    follower.by_role["trainer"] = {0: {"actor/pg_loss": 0.0123, "actor/kl": 0.0004}}
-    follower.latest = {"rollout_worker/samples_per_s": 3.4, "actor/grad_norm": 0.5, "actor/lr": 1e-5}
+    }, "trainer": {0: {"actor/pg_loss": 0.0123, "actor/kl": 0.0004}}},
+        {"rollout_worker/samples_per_s": 3.4, "actor/grad_norm": 0.5, "actor/lr": 1e-5})
     processes = [SimpleNamespace(name="explorer", running=True, returncode=None),
                  SimpleNamespace(name="rollout-0", running=False, returncode=1)]
     console = Console(record=True, width=160)
@@ -36,13 +44,12 @@ def test_dashboard_shows_progress_with_an_eta_the_latest_eval_round_and_the_sync
     from streamrft.config import load_config
     from streamrft.launch.dashboard import progress, sync_line
 
-    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
-    follower.by_role["explorer"] = {
+    follower = history_of({"explorer": {
         0: {"time/step_s": 10.0, "eval/mini/mean@4": 0.25, "eval/mini/best@4": 0.5},
         1: {"time/step_s": 10.0},
         2: {"time/step_s": 10.0, "eval/mini/mean@4": 0.375, "eval/mini/best@4": 0.75},
         3: {"time/step_s": 10.0},
-    }
+    }})
     console = Console(record=True, width=160)
     config = load_config(overrides={"sync": {"style": "trainer_driven", "max_staleness": 2}}, env={})
     console.print(render(follower, {}, [], time.monotonic() - 120, "demo", max_steps=10, sync=sync_line(config)))
@@ -69,10 +76,9 @@ def test_dashboard_says_which_steps_are_in_flight_and_what_the_next_one_waits_fo
     assert line.endswith("in flight: 4, 5, 6; step 7 waits for weights v5 (has v4)")
     assert sync_line(config, ExplorerState(next_step=2, finished_step=1)).endswith("in flight: none")
 
-    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
-    follower.by_role["explorer"] = {  # 3 steps in flight: each takes 30 s, one finishes every 10 s
-        s: {"time/step_s": 30.0, "time/step_interval_s": 10.0} for s in range(4)}
-    follower.by_role["explorer"][-1] = {"eval/mini/mean@4": 0.125}
+    explorer = {s: {"time/step_s": 30.0, "time/step_interval_s": 10.0} for s in range(4)}  # 3 steps in flight:
+    explorer[-1] = {"eval/mini/mean@4": 0.125}  # each takes 30 s, one finishes every 10 s
+    follower = history_of({"explorer": explorer})
     console = Console(record=True, width=160)
     console.print(render(follower, {}, [], time.monotonic(), "demo", max_steps=10, sync=line))
     text = console.export_text()
@@ -80,15 +86,41 @@ def test_dashboard_says_which_steps_are_in_flight_and_what_the_next_one_waits_fo
 
 
 def test_dashboard_shows_each_tasksets_share_and_latest_accuracy():
-    follower = SimpleNamespace(by_role=defaultdict(dict), latest={})
-    follower.by_role["explorer"] = {
+    follower = history_of({"explorer": {
         0: {"time/step_s": 5.0, "rollout/taskset/math/tasks": 6, "rollout/taskset/math/accuracy": 0.25,
             "rollout/taskset/chat/tasks": 2, "rollout/taskset/chat/accuracy": 0.5},
         1: {"time/step_s": 5.0, "rollout/taskset/math/tasks": 5, "rollout/taskset/math/accuracy": 0.375,
             "rollout/taskset/chat/tasks": 3, "rollout/taskset/chat/accuracy": 0.125},
-    }
+    }})
     console = Console(record=True, width=160)
     console.print(render(follower, {}, [], time.monotonic(), "mix"))
     text = console.export_text()
     assert "taskset math" in text and "11 tasks, accuracy 0.375" in text
     assert "taskset chat" in text and "5 tasks, accuracy 0.125" in text
+
+
+def test_the_history_keeps_recent_steps_only_and_folds_what_the_view_sums_over_the_run():
+    history = MetricsHistory()
+    steps = 20 * KEEP_STEPS
+    for step in range(-1, steps):
+        if step < 0:
+            history.add("explorer", step, "eval/mini/mean@4", 0.1)
+            continue
+        history.add("explorer", step, "time/step_s", 1.0)
+        history.add("explorer", step, "rollout/taskset/math/tasks", 4.0)
+        history.add("explorer", step, "rollout/taskset/math/accuracy", step / steps)
+        history.add("trainer", step, "actor/pg_loss", 0.5)
+        if step % 100 == 99:
+            history.add("explorer", step, "eval/mini/mean@4", step / steps)
+    assert len(history.by_role["explorer"]) == len(history.by_role["trainer"]) == KEEP_STEPS
+    assert min(history.by_role["explorer"]) == steps - KEEP_STEPS
+    assert history.steps_finished == steps and history.taskset_tasks == {"math": 4.0 * steps}
+    last_eval = max(s for s in range(steps) if s % 100 == 99)
+    assert history.evals == {"mini": (last_eval, {"mean@4": last_eval / steps})}
+    history.add("explorer", steps - 1, "time/step_s", 1.0)  # a value read again (a re-read) counts once
+    assert history.steps_finished == steps
+    console = Console(record=True, width=160)
+    console.print(render(history, {}, [], time.monotonic(), "long", max_steps=steps + 10))
+    text = console.export_text()
+    assert f"{steps}/{steps + 10} steps" in text and f"{4 * steps} tasks" in text
+    assert f"eval mini (after step {last_eval})" in text
