@@ -10,9 +10,10 @@ wins, so a record delivered twice never adds a row or a point):
 - the experiment trackers of ``monitor.trackers`` (:mod:`.trackers`): TensorBoard event files under
   ``<output_dir>/tensorboard``, an MLflow run, an offline W&B run; each gets every value, the run's config and
   the eval table;
-- ``<output_dir>/metrics.csv``, long form (step, role, source, name, value, created_at), and
-  ``<output_dir>/steps.csv``, wide form: one row per step with the explorer's ``rollout/*``, ``time/*`` and
-  ``eval/*`` values and the trainer's ``actor/*`` and ``trainer/*`` values for that step.
+- ``<output_dir>/metrics.csv``, long form (step, role, source, name, value, created_at; :mod:`.metric_table`),
+  and ``<output_dir>/steps.csv``, wide form: one row per step with the explorer's ``rollout/*``, ``time/*`` and
+  ``eval/*`` values and the trainer's ``actor/*`` and ``trainer/*`` values for that step (:mod:`.steps_table`).
+  Memory holds a window of recent steps, not the run: a run lasts days.
 
 The loop, as numbered steps (``handle``, then the unit's commit): 1. poll and decode (undecodable records go to
 the DLQ); 2. export each new or changed value; 3. flush the files; 4. commit the offsets. A crash between 3 and 4
@@ -20,14 +21,9 @@ redelivers records the files already hold; the table, reloaded from ``metrics.cs
 """
 from __future__ import annotations
 
-import csv
 import logging
-import math
-import os
 import re
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -38,19 +34,16 @@ from streamrft.runtime import RoleRuntime
 from streamrft.schemas import Metric
 
 from .lag_gauges import GroupLagGauges
+from .metric_table import METRICS_CSV, MetricTable, Row
+from .steps_table import STEPS_CSV
 from .trackers import eval_table, open_trackers
+
+__all__ = ["METRICS_CSV", "STEPS_CSV", "MetricTable", "Monitor", "PrometheusExport", "Row", "prometheus_name"]
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5
 MAX_RECORDS = 1000
-METRICS_CSV = "metrics.csv"
-STEPS_CSV = "steps.csv"
-LONG_COLUMNS = ("step", "role", "source", "name", "value", "created_at")
-# Which metrics become columns of steps.csv: role -> name prefixes.
-STEP_COLUMNS: dict[str, tuple[str, ...]] = {"explorer": ("rollout/", "time/", "eval/"),
-                                             "trainer": ("actor/", "trainer/", "sft/", "dpo/", "mix/",
-                                                         "distill/")}
 PROMETHEUS_PREFIX = "streamrft_"
 STEP_GAUGE = "streamrft_metric_step"
 
@@ -59,147 +52,6 @@ def prometheus_name(metric_name: str) -> str:
     """``rollout/reward_mean`` -> ``streamrft_rollout_reward_mean``; ``eval/gsm8k/mean@4`` ->
     ``streamrft_eval_gsm8k_mean_4``. Anything outside ``[A-Za-z0-9_]`` becomes ``_``."""
     return PROMETHEUS_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", metric_name)
-
-
-@dataclass(frozen=True, slots=True)
-class Row:
-    """One metric value as the CSV holds it."""
-
-    step: int
-    role: str
-    source: str
-    name: str
-    value: float
-    created_at: int
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        return self.source, self.name, self.step
-
-    @classmethod
-    def of(cls, metric: Metric) -> "Row":
-        return cls(metric.step, metric.role, metric.source, metric.name, float(metric.value), int(metric.created_at))
-
-    def as_csv(self) -> list[str]:
-        return [str(self.step), self.role, self.source, self.name, repr(self.value), str(self.created_at)]
-
-    @classmethod
-    def from_csv(cls, fields: dict[str, str]) -> "Row":
-        return cls(int(fields["step"]), fields["role"], fields["source"], fields["name"], float(fields["value"]),
-                   int(fields["created_at"]))
-
-
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
-def step_column(row: Row) -> str | None:
-    """The steps.csv column of a row, or None when the wide form does not carry it."""
-    prefixes = STEP_COLUMNS.get(row.role, ())
-    return row.name if row.name.startswith(prefixes) else None
-
-
-class MetricTable:
-    """The de-duplicated metrics of one run and their two CSV files. No Kafka in here.
-
-    ``metrics.csv`` grows by appending; it is rewritten (atomically) only when a value already written
-    changes, or when the file had a torn last line. ``steps.csv`` is small and rewritten when it changes.
-    """
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.long_path = directory / METRICS_CSV
-        self.wide_path = directory / STEPS_CSV
-        self.rows: dict[tuple[str, str, int], Row] = {}
-        self.wide: dict[int, dict[str, float]] = {}
-        self._appended: list[Row] = []
-        self._rewrite = False
-        self._wide_dirty = False
-        self._load()
-
-    def _load(self) -> None:
-        if not self.long_path.is_file():
-            return
-        with self.long_path.open(newline="") as f:
-            for line, fields in enumerate(csv.DictReader(f), start=2):
-                try:
-                    row = Row.from_csv(fields)
-                except (KeyError, TypeError, ValueError):
-                    logger.warning("%s:%d: unreadable row dropped (%r); the file will be rewritten",
-                                   self.long_path, line, fields)
-                    self._rewrite = True
-                    continue
-                self._put(row)
-        self._wide_dirty = self._wide_dirty or not self.wide_path.is_file()
-        logger.info("monitor: %d metric value(s) loaded from %s", len(self.rows), self.long_path)
-
-    def _put(self, row: Row) -> None:
-        self.rows[row.key] = row
-        column = step_column(row)
-        if column is not None:
-            self.wide.setdefault(row.step, {})[column] = row.value
-            self._wide_dirty = True
-
-    def add(self, metric: Metric) -> Row | None:
-        """Record a delivered metric. Returns its row when it is new or its value changed (keep last), None
-        for a duplicate of what the table already holds."""
-        row = Row.of(metric)
-        old = self.rows.get(row.key)
-        if old is not None and _same(old.value, row.value) and old.role == row.role:
-            return None
-        if old is None:
-            self._appended.append(row)
-        else:
-            self._rewrite = True
-        self._put(row)
-        return row
-
-    def flush(self) -> None:
-        """Make the files hold everything added so far (called before offsets are committed)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        if self._rewrite:
-            _atomic_csv(self.long_path, LONG_COLUMNS, (row.as_csv() for row in self.rows.values()))
-        elif self._appended:
-            new_file = not self.long_path.is_file() or self.long_path.stat().st_size == 0
-            with self.long_path.open("a", newline="") as f:
-                writer = csv.writer(f)
-                if new_file:
-                    writer.writerow(LONG_COLUMNS)
-                writer.writerows(row.as_csv() for row in self._appended)
-                f.flush()
-                os.fsync(f.fileno())
-        self._appended.clear()
-        self._rewrite = False
-        if self._wide_dirty:
-            self._write_wide()
-            self._wide_dirty = False
-
-    def wide_columns(self) -> list[str]:
-        names = {name for values in self.wide.values() for name in values}
-        order = {role: i for i, role in enumerate(STEP_COLUMNS)}
-
-        def rank(name: str) -> tuple[int, str]:
-            role = next(r for r, prefixes in STEP_COLUMNS.items() if name.startswith(prefixes))
-            return order[role], name
-
-        return sorted(names, key=rank)
-
-    def _write_wide(self) -> None:
-        columns = self.wide_columns()
-        rows = ([str(step)] + [repr(values[c]) if c in values else "" for c in columns]
-                for step, values in sorted(self.wide.items()))
-        _atomic_csv(self.wide_path, ["step", *columns], rows)
-
-
-def _atomic_csv(path: Path, header, rows) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows(rows)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class PrometheusExport:
@@ -250,7 +102,7 @@ class Monitor:
         self.registry = self.runtime.registry
         self.prometheus = PrometheusExport(self.registry)
         self.lags = GroupLagGauges(self.registry, clients)
-        for row in self.table.rows.values():  # a restarted monitor shows the last values at once
+        for row in self.table.latest.values():  # a restarted monitor shows the last values at once
             self.prometheus.update(row)
         try:
             self.trackers = open_trackers(config)
@@ -316,7 +168,7 @@ class Monitor:
     # 3. flush -------------------------------------------------------------------------------------------
     def _flush(self) -> None:
         self.table.flush()
-        table = eval_table(self.table.rows.values()) if self._eval_changed else None
+        table = eval_table(self.table.evals.values()) if self._eval_changed else None
         for tracker in self.trackers:
             tracker.flush()
             if table:

@@ -16,8 +16,9 @@ class Table:
 
 
 def read_steps(path: Path) -> Table | None:
-    """The table in ``path``, None while the monitor has not written it. Rewritten atomically by the monitor,
-    so a read never sees half a file."""
+    """The table in ``path``, None while the monitor has not written it. The monitor renames a rebuilt file
+    over it and otherwise rewrites only its last rows in place, in one write: a read racing that write may see
+    the last rows cut (short rows read as empty cells) until the next read."""
     if not path.is_file():
         return None
     with path.open(newline="") as f:
