@@ -26,7 +26,8 @@ class ExplorerState:
     (the file's tasks rolled out this epoch, base64). ``epoch`` is the first taskset's, for people. ``in_flight``
     lists the rounds published whose results are still being collected, oldest first: training steps and eval
     rounds (``"eval": taskset``), each ``{"step", "requests": [ids], "results_offsets": {partition: offset}}``
-    (where its results begin on ``results``). ``waiting`` says what holds the next step back ("" when nothing
+    (where its results begin on ``results``), and ``"oversampled": n`` once dynamic sampling has added n rounds of
+    tasks to a step. ``waiting`` says what holds the next step back ("" when nothing
     does), for whoever watches the run."""
 
     next_step: int = 0
@@ -93,9 +94,10 @@ class ExplorerState:
                 and isinstance(entry.get("results_offsets", {}), dict)
                 and all(ok(v, int) for v in entry.get("results_offsets", {}).values())
                 and isinstance(entry.get("eval", ""), str)
+                and ok(entry.get("oversampled", 0), int) and entry.get("oversampled", 0) >= 0
                 for entry in self.in_flight):
             _fail("bad-state", "explorer state: in_flight must be a list of {step, requests: [ids], "
-                               "results_offsets, eval?}")
+                               "results_offsets, eval?, oversampled?}")
 
 
 # Who writes which signal, on which topic: the trainer's on ``sync``, the explorer's on ``control``. Each topic

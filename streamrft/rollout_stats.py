@@ -7,6 +7,17 @@ from collections import Counter
 from streamrft.schemas import RolloutResult, RolloutStatus
 
 
+def informative(result: RolloutResult, by: str = "reward") -> bool:
+    """A group whose rewards differ (``by="reward"``). Under a group baseline (GRPO, Dr. GRPO, RLOO) the
+    advantages of a group whose rewards are all equal are all 0: it carries no gradient (DAPO's dynamic sampling
+    leaves such groups out). ``by="accuracy"``: a group neither all correct nor all wrong, the DAPO paper's test."""
+    if result.status != RolloutStatus.OK or result.n < 2:
+        return False
+    if by == "accuracy":
+        return 0.0 < result.accuracy < 1.0
+    return result.reward_max > result.reward_min
+
+
 def retry_metrics(attempts: list[RolloutResult]) -> dict[str, float]:
     """Attempts that failed and were published again (``explorer.max_retries``), by status; the step's other
     ``rollout/*`` counts are of the attempts that stand."""

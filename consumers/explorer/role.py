@@ -6,9 +6,10 @@ Each pass of the role loop (``RoleRuntime.run``: ``handle``, then the unit's com
    source and publish the step — a RolloutRequest per task;
 2. collect ``results`` for every step and eval round in flight, publishing again the failed tasks that have
    retries left;
-3. finish the oldest steps that can be (over-rollout may finish one early and cancel its stragglers;
-   ``step_timeout_s`` reports the rest TIMEOUT), in order, with their metrics, and every ``eval_interval``
-   steps start an eval round; publish the metrics of the eval rounds that are complete.
+3. publish more tasks for the steps that dynamic sampling fills (``dynamic_sampling.py``); finish the oldest
+   steps that can be (over-rollout may finish one early and cancel its stragglers; ``step_timeout_s`` reports the
+   rest TIMEOUT), in order, with their metrics, and every ``eval_interval`` steps start an eval round; publish
+   the metrics of the eval rounds that are complete.
 
 All of one pass is ONE transaction with the explorer's state record on ``control`` and the ``tasks`` offsets:
 every transaction of the explorer commits those offsets, so every one also writes the record that says which of
@@ -33,12 +34,13 @@ from streamrft.lifecycle import StopSignal
 from streamrft.pacing import Pacing
 from streamrft.rollout_stats import retry_metrics, step_metrics, taskset_metrics
 from streamrft.runtime import RoleRuntime, UnitOfWork
-from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
+from streamrft.schemas import RolloutResult, RolloutStatus, SyncKind, SyncSignal, Task
 from streamrft.explorer_state import ExplorerState
 
+from .dynamic_sampling import DynamicSampling
 from .evals import EvalRounds
 from .retries import Retries
-from .rounds import Round, Window, round_of
+from .rounds import Round, Window, round_of, train_requests
 from .resume import replay_results, results_start
 from .schedule import TaskSchedule, configured_tasksets
 
@@ -72,6 +74,7 @@ class Explorer:
         self.window = Window(self.settings)  # training steps in flight, oldest first
         self.evals = EvalRounds(self.settings)  # eval rounds in flight
         self.retries = Retries(self.settings.max_retries)
+        self.sampling = DynamicSampling(self.settings)
         self._last_finish = time.monotonic()
         self._noted: tuple[int, str] | None = None  # (step, cause) the explorer last said it waits for
         self._rollout_partitions = len(clients.offsets(config.topic("rollouts")))
@@ -202,16 +205,7 @@ class Explorer:
     def _publish_step(self, unit: UnitOfWork, step: int, batch: list[tuple[int, Task]]) -> None:
         s = self.settings
         min_version = self.pacing.min_model_version(step, self.sync)
-        requests = {}
-        for epoch, task in batch:
-            request_id = f"s{step}-e{epoch}-{task.task_id}"
-            if request_id in requests:  # the same id from two tasksets (or two blocks): two tasks, two requests
-                request_id += f"-{task.taskset}-{len(requests)}"
-            request = RolloutRequest(request_id=request_id, step=step,
-                                     kind=RolloutKind.TRAIN, task=task,
-                                     repeat_times=task.repeat_times or s.repeat_times,
-                                     min_model_version=min_version, deadline_ms=self._deadline_ms())
-            requests[request.request_id] = request
+        requests = train_requests(step, batch, s.repeat_times, min_version, self._deadline_ms())
         self.state.next_step = step + 1
         self.state.waiting = ""
         self.window.add(Round(step, requests, self._results_offsets()))
@@ -263,8 +257,14 @@ class Explorer:
 
     # 3. finish ------------------------------------------------------------------------------------------
     def _finish_ready(self, unit: UnitOfWork) -> None:
-        """Finish the oldest steps that can be, in order, and the eval rounds that are complete."""
+        """Roll out more tasks for the steps dynamic sampling fills; finish the oldest steps that can be, in order,
+        and the eval rounds that are complete."""
         now = time.monotonic()
+        for round_ in self.window:
+            if not self.window.timed_out(round_, now) and (more := self.sampling.top_up(
+                    round_, self.tasks, self.pacing.min_model_version(round_.step, self.sync), self._deadline_ms())):
+                self._publish_requests(unit, more)
+                unit.describe(f"rolling out {len(more)} more task(s) for step {round_.step}")
         while not self.stop.requested and (round_ := self.window.pop_finishable(now)) is not None:
             self._finish_step(unit, round_, timed_out=self.window.timed_out(round_, now))
         for round_ in self.evals.complete(now):
@@ -295,6 +295,7 @@ class Explorer:
         if self.settings.tasksets:
             metrics.update(self._taskset_metrics(results))
         metrics.update(retry_metrics(round_.attempts))
+        metrics.update(self.sampling.metrics(round_))
         metrics["time/step_s"] = now - round_.started
         metrics["time/step_interval_s"] = now - self._last_finish  # the pace: steps overlap when several fly
         metrics["explorer/steps_in_flight"] = float(len(self.window) + 1)

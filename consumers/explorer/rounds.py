@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from streamrft.config import ExplorerConfig
-from streamrft.schemas import RolloutRequest, RolloutResult
+from streamrft.schemas import RolloutKind, RolloutRequest, RolloutResult, Task
 
 
 @dataclass
@@ -24,6 +24,8 @@ class Round:
     attempts: list[RolloutResult] = field(default_factory=list)  # failed attempts that were retried
     first_attempt: dict[str, str] = field(default_factory=dict)  # retry's request id -> the first attempt's
     retries: dict[str, int] = field(default_factory=dict)  # first attempt's request id -> retries so far
+    oversampled: int = 0  # extra rounds of tasks rolled out for this step (explorer.dynamic_sampling)
+    wants_tasks: bool = False  # dynamic sampling waits for more tasks: the step may not finish yet
 
     @property
     def missing(self) -> list[str]:
@@ -34,6 +36,8 @@ class Round:
         entry = {"step": self.step, "requests": list(self.requests), "results_offsets": self.results_offsets}
         if self.eval_taskset is not None:
             entry["eval"] = self.eval_taskset
+        if self.oversampled:
+            entry["oversampled"] = self.oversampled
         return entry
 
     @classmethod
@@ -41,7 +45,7 @@ class Round:
         """A round restored from the state record: its requests are known by id (results carry task ids, so
         that is enough to finish it), and its failures are not retried."""
         return cls(entry["step"], dict.fromkeys(entry["requests"]), dict(entry.get("results_offsets", {})),
-                   entry.get("eval"))
+                   entry.get("eval"), oversampled=entry.get("oversampled", 0))
 
 
 class Window:
@@ -49,7 +53,7 @@ class Window:
     ``explorer.max_inflight_steps``. Steps finish in order, so "finished step k" means every step up to k (the
     trainer's short batches rely on it). A step can finish once all its results are in; or once over-rollout's
     minimum (``explorer.min_results``) arrived ``over_rollout.wait_after_min_s`` ago; or ``step_timeout_s``
-    after it was published."""
+    after it was published. A step that dynamic sampling fills with more tasks waits for them."""
 
     def __init__(self, settings: ExplorerConfig) -> None:
         self.settings = settings
@@ -79,9 +83,11 @@ class Window:
         return now - round_.started >= self.settings.step_timeout_s
 
     def _can_finish(self, round_: Round, now: float) -> bool:
-        if not round_.missing or self.timed_out(round_, now):
+        if self.timed_out(round_, now):
             return True
-        if len(round_.results) < self.settings.min_results:
+        if not round_.missing:
+            return not round_.wants_tasks
+        if not self.settings.over_rollout.ratio or len(round_.results) < self.settings.min_results:
             return False
         round_.reached_min_at = round_.reached_min_at or now
         return now - round_.reached_min_at >= self.settings.over_rollout.wait_after_min_s
@@ -91,6 +97,22 @@ class Window:
 
     def __iter__(self) -> Iterator[Round]:
         return iter(self.rounds)
+
+
+def train_requests(step: int, batch: list[tuple[int, Task]], repeat_times: int, min_model_version: int,
+                   deadline_ms: int | None, taken: Iterable[str] = ()) -> dict[str, RolloutRequest]:
+    """Step ``step``'s requests for ``batch`` (epoch, task), by request id: ``s<step>-e<epoch>-<task id>``, made
+    unique among themselves and the ids ``taken`` by the step's earlier requests."""
+    requests: dict[str, RolloutRequest] = {}
+    taken = set(taken)
+    for epoch, task in batch:
+        request_id = f"s{step}-e{epoch}-{task.task_id}"
+        if request_id in requests or request_id in taken:  # the same id from two tasksets (or blocks): two tasks
+            request_id += f"-{task.taskset}-{len(requests) + len(taken)}"
+        requests[request_id] = RolloutRequest(request_id=request_id, step=step, kind=RolloutKind.TRAIN, task=task,
+                                              repeat_times=task.repeat_times or repeat_times,
+                                              min_model_version=min_model_version, deadline_ms=deadline_ms)
+    return requests
 
 
 def round_of(rounds: Iterable[Round], request_id: str) -> Round | None:

@@ -38,7 +38,8 @@ def rollout_policy(config: RunConfig) -> RolloutPolicy:
     return RolloutPolicy(batching=settings.batching, requests_in_flight=settings.requests_in_flight,
                          requests_per_batch=settings.requests_per_batch,
                          follows_latest=Pacing.of(config).follows_latest,
-                         max_version_wait_s=config.limits.max_version_wait_s, weight_update=settings.weight_update)
+                         max_version_wait_s=config.limits.max_version_wait_s, weight_update=settings.weight_update,
+                         greedy_baseline=config.trainer.algorithm.greedy_baseline)
 
 
 def request_sampling(sampling: SamplingParams, seed: int | None, request_id: str) -> SamplingParams:

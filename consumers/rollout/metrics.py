@@ -23,6 +23,7 @@ class RolloutMetrics:
         Gauge("streamrft_rollout_swaps_in_flight", "weights versions loaded while requests ran "
               "(rollout.weight_update: in_flight)", registry=registry).set_function(lambda: core.swaps_in_flight)
         self._unscored: collections.Counter[str] = collections.Counter()  # by reward, since the last commit
+        self._penalties: list[float] = []  # overlong penalties since the last commit (rollout.overlong_penalty)
         self._busy_s = 0.0
         self._last_commit = time.monotonic()
 
@@ -36,6 +37,7 @@ class RolloutMetrics:
         for reward in assembled.unscored:
             self.failed_samples.labels(reward).inc()
             self._unscored[reward] += 1
+        self._penalties += assembled.penalties
 
     def of_commit(self, requests: int, samples: int) -> dict[str, float]:
         """The metrics of a commit of ``requests`` requests and their ``samples`` experiences."""
@@ -44,7 +46,15 @@ class RolloutMetrics:
         self._unscored.clear()
         return {"rollout_worker/requests": requests, "rollout_worker/samples": samples,
                 "rollout_worker/in_flight": self.core.running,
-                "rollout_worker/samples_per_s": samples / max(elapsed, 1e-6), **failed}
+                "rollout_worker/samples_per_s": samples / max(elapsed, 1e-6), **failed, **self._overlong()}
+
+    def _overlong(self) -> dict[str, float]:
+        """The mean overlong penalty of the samples shaped since the last commit, and the share punished."""
+        penalties, self._penalties = self._penalties, []
+        if not penalties:
+            return {}
+        return {"rollout_worker/overlong_penalty_mean": sum(penalties) / len(penalties),
+                "rollout_worker/overlong_punished_frac": sum(p < 0 for p in penalties) / len(penalties)}
 
     def committed(self, statuses: list[str]) -> None:
         self._last_commit = time.monotonic()

@@ -12,7 +12,8 @@ the role loop (``RoleRuntime.run``: ``sync`` and ``control`` polled, ``handle``,
    request waiting for a version not published yet waits in the core, never in the loop: the worker goes on
    polling and committing, and the version is loaded in the pass that sees it;
 4. in ONE transaction with every other request done since the last one: each request's Experiences and its
-   RolloutResult (``engines/rollout/assembly.py``), the dead letter of a failed request, the worker's metrics,
+   RolloutResult (``engines/rollout/assembly.py``; under ``explorer.dynamic_sampling`` no experiences of a group
+   that carries no gradient), the dead letter of a failed request, the worker's metrics,
    and the consumed offsets.
 
 Offsets. Requests finish out of order, so a partition's committed offset is that of its lowest unfinished
@@ -37,10 +38,11 @@ from collections.abc import Hashable
 
 from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine, SamplingParams
-from streamrft.engines.rollout import Done, RolloutCore, assemble
+from streamrft.engines.rollout import Done, OverlongShaping, RolloutCore, assemble
 from streamrft.kafka import KafkaClients, dead_letter
 from streamrft.kafka.consumer import Delivered
 from streamrft.lifecycle import StopSignal
+from streamrft.rollout_stats import informative
 from streamrft.runtime import RoleRuntime, UnitOfWork
 from streamrft.schemas import RolloutRequest, RolloutResult
 from streamrft.weights.follower import FollowedWeights, WeightFollower
@@ -82,6 +84,10 @@ class RolloutWorker:
         self.sampling = SamplingParams(temperature=self.settings.sampling.temperature,
                                        top_p=self.settings.sampling.top_p, top_k=self.settings.sampling.top_k,
                                        max_tokens=self.settings.sampling.max_tokens)
+        penalty = self.settings.overlong_penalty
+        self.shaping = OverlongShaping(penalty, self.settings.sampling.max_tokens) if penalty else None
+        sampling = config.explorer.dynamic_sampling
+        self.informative_by = sampling.metric if sampling.enabled else None
         self.consumer = self.runtime.consumer(
             "rollouts", config.consumer_group("rollout"), client_id=self.worker_id,
             check_options={"max_task_bytes": config.limits.max_task_bytes},
@@ -219,7 +225,9 @@ class RolloutWorker:
     # 3. what the core is done with ------------------------------------------------------------------------
     def _done(self, done: Done) -> None:
         item = self._read_items.pop(done.key)
-        assembled = assemble(done, self.worker_id)
+        assembled = assemble(done, self.worker_id, self.shaping)
+        if self.informative_by and not informative(assembled.result, self.informative_by):
+            assembled.experiences = []  # no gradient in it (dynamic sampling): not trained
         self.metrics.assembled(assembled)
         letter = self._dead_letter(item, *assembled.failure) if assembled.failure else None
         where = (item.topic, item.partition, item.offset)

@@ -13,6 +13,10 @@ ADVANTAGES: Registry = Registry("advantage estimator", group="streamrft.advantag
     "reinforce_plus_plus": f"{PACKAGE}.advantages:reinforce_plus_plus",
     "distill": f"{PACKAGE}.advantages:distill",
     "opmd": f"{PACKAGE}.opmd:opmd_advantage",
+    "gae": f"{PACKAGE}.gae:gae",
+    "remax": f"{PACKAGE}.remax:remax",
+    "gigpo": f"{PACKAGE}.gigpo:gigpo",
+    "step_grpo": f"{PACKAGE}.gigpo:step_grpo",
 })
 
 POLICY_LOSSES: Registry = Registry("policy loss", group="streamrft.policy_losses", builtins={

@@ -22,9 +22,10 @@ def chord_mu(step: int, *, mu_peak: float, mu_valley: float, mu_warmup_steps: in
 
 def chord_weights(mu: float, rl_share: float, sft_share: float, dpo_share: float) -> tuple[float, float, float]:
     """The (RL, SFT, DPO) weights of a mixed step's losses under CHORD: DPO rows keep their share of the rows and
-    the rest of the step is split ``(1 − μ) : μ`` between the RL and the SFT loss. A step that lacks RL or SFT
-    rows keeps the row shares (there is nothing to weigh against)."""
-    if rl_share == 0 or sft_share == 0:
+    the rest of the step is split ``(1 − μ) : μ`` between the RL and the SFT loss. A step without SFT rows (the
+    SFT reader had none to give) still weighs its RL loss ``1 − μ``: the SFT term of ``(1 − μ)·L_RL + μ·L_SFT`` is
+    missing, the RL one is not rescaled. A step without RL rows keeps the row shares."""
+    if rl_share == 0:
         return rl_share, sft_share, dpo_share
     rest = 1.0 - dpo_share
-    return rest * (1.0 - mu), rest * mu, dpo_share
+    return rest * (1.0 - mu), rest * mu if sft_share > 0 else 0.0, dpo_share

@@ -10,6 +10,7 @@ from streamrft.schemas import Experience, RolloutKind, RolloutRequest, RolloutRe
 
 from ..workflows.base import WorkflowSample
 from .core import Done
+from .reward_shaping import OverlongShaping
 
 FAILURES_SHOWN = 5  # samples a result's error names: the text stays well inside what a result keeps
 ERROR_CHARS = 8000  # the tail of an error a result keeps
@@ -18,19 +19,21 @@ ERROR_CHARS = 8000  # the tail of an error a result keeps
 @dataclass
 class Assembled:
     """A finished request's records. ``failure``: (reason, error) when it FAILED, for its dead letter;
-    ``unscored``: the reward of each sample it could not score; ``tokens``: the response tokens it generated."""
+    ``unscored``: the reward of each sample it could not score; ``tokens``: the response tokens it generated;
+    ``penalties``: the overlong penalty of each scored sample (``rollout.overlong_penalty``; none without it)."""
 
     experiences: list[Experience]
     result: RolloutResult
     failure: tuple[str, str] | None = None
     unscored: list[str] = field(default_factory=list)
     tokens: int = 0
+    penalties: list[float] = field(default_factory=list)
 
 
-def assemble(done: Done, worker_id: str) -> Assembled:
-    """The records of ``done``, written by ``worker_id``."""
+def assemble(done: Done, worker_id: str, shaping: OverlongShaping | None = None) -> Assembled:
+    """The records of ``done``, written by ``worker_id``; a training request's rewards shaped by ``shaping``."""
     if done.status == RolloutStatus.OK:
-        assembled = _succeeded(done, worker_id)
+        assembled = _succeeded(done, worker_id, shaping)
     elif done.status == RolloutStatus.FAILED:
         assembled = _failed(done, done.error or "", done.reason or "failed", worker_id)
     else:
@@ -39,7 +42,7 @@ def assemble(done: Done, worker_id: str) -> Assembled:
     return assembled
 
 
-def _succeeded(done: Done, worker_id: str) -> Assembled:
+def _succeeded(done: Done, worker_id: str, shaping: OverlongShaping | None) -> Assembled:
     """Experiences of the samples the reward scored. A sample it could not score (a judge's answer without a
     score) is left out of the group and named in the result's ``error``; with none scored the request FAILS
     (``reward-failed``)."""
@@ -53,7 +56,9 @@ def _succeeded(done: Done, worker_id: str) -> Assembled:
         failed = _failed(done, why, "reward-failed", worker_id)
         failed.unscored, failed.tokens = unscored, tokens
         return failed
-    experiences = []
+    experiences, penalties = [], []
+    if shaping is not None and request.kind == RolloutKind.TRAIN:
+        penalties = shaping.apply([sample for _, sample in scored])
     if request.kind == RolloutKind.TRAIN:  # eval rollouts produce results and metrics only
         experiences = [
             sample.to_experience(eid=f"{request.request_id}/{index}", group_id=request.request_id,
@@ -65,7 +70,7 @@ def _succeeded(done: Done, worker_id: str) -> Assembled:
             experience.group_size = len(scored)
     kept = [sample for _, sample in scored]
     return Assembled(experiences, result(request, RolloutStatus.OK, kept, done.version, worker_id, error=why),
-                     unscored=unscored, tokens=tokens)
+                     unscored=unscored, tokens=tokens, penalties=penalties)
 
 
 def _failed(done: Done, error: str, reason: str, worker_id: str) -> Assembled:

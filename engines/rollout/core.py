@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from streamrft.engines.settings.limits import WorkLimits
-from streamrft.schemas import RolloutRequest, RolloutStatus
+from streamrft.schemas import RolloutKind, RolloutRequest, RolloutStatus
 
 from ..inference.base import InferenceEngine, SamplingParams
 from ..workflows.base import WorkflowError, WorkflowSample
@@ -179,7 +179,8 @@ class RolloutCore:
         for key in plan.admit:
             request, sampling = waiting.pop(key)
             self._running[key] = _Running(request, self.clock())
-            self.pool.start(key, request.task, request.repeat_times, sampling)
+            self.pool.start(key, request.task, request.repeat_times, sampling,
+                            greedy_baseline=self.policy.greedy_baseline and request.kind == RolloutKind.TRAIN)
         self._backlog = [entry for entry in self._backlog if entry[0] in waiting]
         return plan.swap and self._swap_to_latest()
 

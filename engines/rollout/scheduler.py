@@ -54,7 +54,9 @@ class WeightsState(Protocol):
 @dataclass(frozen=True)
 class RolloutPolicy:
     """How the core admits and swaps (``rollout.batching``, ``rollout.requests_in_flight``,
-    ``rollout.requests_per_batch``, ``Pacing.follows_latest``, ``limits.max_version_wait_s``)."""
+    ``rollout.requests_per_batch``, ``Pacing.follows_latest``, ``limits.max_version_wait_s``), and what a
+    training request's workflow runs besides its samples (``greedy_baseline``: ReMax's greedy sample, derived
+    from ``trainer.algorithm.advantage: remax``)."""
 
     batching: Literal["continuous", "batch"] = "continuous"
     requests_in_flight: int = 16
@@ -62,6 +64,7 @@ class RolloutPolicy:
     follows_latest: bool = False
     max_version_wait_s: float = 600.0
     weight_update: Literal["drain", "in_flight"] = "drain"
+    greedy_baseline: bool = False
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,10 @@ class LoraSettings(BaseModel):
         return {PAYLOAD_KEY: ADAPTER_PAYLOAD, "lora_rank": str(self.rank), "lora_alpha": repr(self.alpha),
                 "lora_target_modules": ",".join(self.target_modules)}
 
-    def peft_config(self):
+    def peft_config(self, task_type: str | None = "CAUSAL_LM"):
+        """peft's config of these adapters; ``task_type`` None for a model that is not a causal LM (the critic's
+        backbone, whose value head is not peft's to know)."""
         from peft import LoraConfig
 
         return LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-                          target_modules=list(self.target_modules), bias="none", task_type="CAUSAL_LM")
+                          target_modules=list(self.target_modules), bias="none", task_type=task_type)

@@ -20,11 +20,17 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from ..algorithms.catalog import (ADVANTAGES, IMPORTANCE_CORRECTIONS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                                   PREFERENCE_LOSSES)
 from ..algorithms.registry import Registry
+from .critic import CriticSettings
 
 # Arguments every advantage function receives from the engine; ``advantage_params`` supplies the others.
 ADVANTAGE_INPUTS = ("rewards", "mask", "group_ids", "token_rewards")
 # Per-token inputs the engine gives an advantage function only when it declares them (``distill``).
 OPTIONAL_ADVANTAGE_INPUTS = ("teacher_logprobs", "behaviour_logprobs")
+# What the engine gives an advantage function that declares it when a critic trains (``gae``): its values [B, R].
+CRITIC_ADVANTAGE_INPUTS = ("values",)
+# What the records carry for the estimators that declare it (:mod:`streamrft.schemas.experience_extras`): the
+# greedy sample's score (``remax``) and each token's model turn and that turn's state (``gigpo``, ``step_grpo``).
+RECORD_ADVANTAGE_INPUTS = ("greedy_rewards", "turn_index", "turn_state")
 # Arguments every policy loss receives; ``clip_ratio_c`` and ``policy_loss_params`` supply the others.
 POLICY_LOSS_INPUTS = ("logprobs", "old_logprobs", "advantages", "mask", "clip_low", "clip_high")
 
@@ -64,7 +70,8 @@ class EngineSettings(BaseModel):
 
 
 class OptimizerSettings(EngineSettings):
-    """AdamW, its learning-rate schedule, batching and precision (``trainer.<key>`` in a run's YAML)."""
+    """AdamW, its learning-rate schedule, batching and precision (``trainer.<key>`` in a run's YAML), and the
+    critic's own (``trainer.critic``)."""
 
     lr: float = Field(default=1e-6, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
@@ -80,11 +87,32 @@ class OptimizerSettings(EngineSettings):
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1, description="cosine floor, as a fraction of lr")
     micro_batch_size: int = Field(default=8, ge=1,
                                   description="sequences per forward/backward; gradients accumulate over the step")
+    max_tokens_per_micro_batch: int | None = Field(
+        default=None, ge=1, description="fill each forward/backward with rows up to this many tokens instead of "
+                                        "micro_batch_size rows (padding counted, unless pack_sequences); a longer "
+                                        "sequence runs alone in its own (veRL use_dynamic_bsz + "
+                                        "ppo_max_token_len_per_gpu); null = micro_batch_size rows")
+    pack_sequences: bool = Field(
+        default=False, description="lay each micro-batch's sequences end to end in one row, without padding "
+                                   "(positions restart per sequence, attention stays within each: varlen "
+                                   "flash-attention, or a block-diagonal mask under sdpa/eager)")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention"] | None = (
+        Field(default=None, description="the trained models' attention kernel (transformers' attn_implementation); "
+                                        "flash_attention_2 runs packed sequences as varlen attention and needs the "
+                                        "flash-attn package and a GPU; null = transformers' default (sdpa)"))
     mixed_precision: Literal["auto", "bf16", "no"] = Field(
         default="auto", description="bf16 autocast of the forward/backward (master weights and optimizer stay "
                                     "fp32); auto = bf16 on CUDA, fp32 on CPU; bf16 also pays on CPUs with AMX")
     gradient_checkpointing: bool = Field(default=False,
                                          description="recompute activations in the backward: less memory, slower")
+    critic: CriticSettings = Field(default=CriticSettings(),
+                                   description="the value model of advantage: gae (PPO with a critic): its model, "
+                                               "optimiser, schedule, value clipping and warm-up")
+
+    @property
+    def model_load_kwargs(self) -> dict[str, Any]:
+        """Keywords of ``from_pretrained`` for the trained models."""
+        return {"attn_implementation": self.attn_implementation} if self.attn_implementation else {}
 
     @model_validator(mode="after")
     def _betas_in_range(self) -> "OptimizerSettings":
@@ -101,6 +129,23 @@ class OptimizerSettings(EngineSettings):
                 "lr_schedule: constant"
             )
         return self
+
+    @model_validator(mode="after")
+    def _critic_cosine_has_a_horizon(self) -> "OptimizerSettings":
+        c = self.critic
+        if c.lr_schedule == "warmup_cosine" and (c.total_steps or self.total_steps or 0) <= c.warmup_steps:
+            raise ValueError(
+                f"trainer.critic.lr_schedule=warmup_cosine needs trainer.critic.total_steps (or trainer.total_steps) "
+                f"above trainer.critic.warmup_steps ({c.warmup_steps}); set one of them, or use lr_schedule: constant"
+            )
+        return self
+
+    @property
+    def critic_schedule(self) -> CriticSettings:
+        """The critic's settings with its cosine horizon resolved (its own total_steps, else the trainer's)."""
+        if self.critic.total_steps is not None or self.total_steps is None:
+            return self.critic
+        return self.critic.model_copy(update={"total_steps": self.total_steps})
 
 
 class AlgorithmSettings(EngineSettings):
@@ -121,6 +166,13 @@ class AlgorithmSettings(EngineSettings):
                                        description="dual-clip PPO: a negative advantage's loss is bounded by "
                                                    "c·|A| (ppo_clip, decoupled_ppo); null = off (veRL's 3.0 is "
                                                    "a common value)")
+    gae_gamma: float = Field(default=1.0, ge=0, le=1, description="advantage gae: the discount γ over response "
+                                                                  "tokens (veRL algorithm.gamma)")
+    gae_lambda: float = Field(default=1.0, ge=0, le=1, description="advantage gae: λ, the bias/variance trade-off "
+                                                                   "of GAE (veRL algorithm.lam)")
+    gigpo_step_weight: float = Field(default=1.0, ge=0, description="advantage gigpo: ω, the weight of the "
+                                                                     "step-level (anchor-state) advantage added to "
+                                                                     "the episode-level one")
     loss_agg: LossAggregationName = "token-mean"
     entropy_coef: float = Field(default=0.0, description="entropy bonus: loss −= entropy_coef · agg(entropy)")
     kl_coef: float = Field(default=0.0, ge=0, description="KL as a loss term: loss += kl_coef · agg(KL(π‖π_ref))")
@@ -193,8 +245,15 @@ class AlgorithmSettings(EngineSettings):
         """A misspelt parameter fails here, at load, instead of with a TypeError at the first training step."""
         if not self.advantage_params:
             return self
+        if self.advantage == "gigpo" and "step_weight" in self.advantage_params:
+            raise ValueError("advantage gigpo takes ω from trainer.algorithm.gigpo_step_weight, not from "
+                             "advantage_params")
+        if self.uses_critic and {"gamma", "lam"} & set(self.advantage_params):
+            raise ValueError("advantage gae takes γ and λ from trainer.algorithm.gae_gamma and gae_lambda, not "
+                             "from advantage_params")
         unknown, accepted = _unaccepted(ADVANTAGES.get(self.advantage), set(self.advantage_params),
-                                        ADVANTAGE_INPUTS + OPTIONAL_ADVANTAGE_INPUTS)
+                                        ADVANTAGE_INPUTS + OPTIONAL_ADVANTAGE_INPUTS + CRITIC_ADVANTAGE_INPUTS
+                                        + RECORD_ADVANTAGE_INPUTS)
         if unknown:
             raise ValueError(
                 f"advantage_params {unknown} are not parameters of advantage {self.advantage!r}; it takes "
@@ -234,6 +293,18 @@ class AlgorithmSettings(EngineSettings):
         return self
 
     @property
+    def uses_critic(self) -> bool:
+        """A value model trains beside the policy and gives the advantage its values (PPO with a critic)."""
+        return self.advantage == "gae"
+
+    @property
+    def advantage_kwargs(self) -> dict[str, Any]:
+        """The keywords the advantage function is called with besides the batch's inputs."""
+        gae = {"gamma": self.gae_gamma, "lam": self.gae_lambda} if self.uses_critic else {}
+        gigpo = {"step_weight": self.gigpo_step_weight} if self.advantage == "gigpo" else {}
+        return {**gae, **gigpo, **self.advantage_params}
+
+    @property
     def policy_loss_kwargs(self) -> dict[str, Any]:
         """The keywords the policy loss is called with."""
         extra = {"clip_ratio_c": self.clip_ratio_c} if self.clip_ratio_c is not None else {}
@@ -258,6 +329,11 @@ class AlgorithmSettings(EngineSettings):
             raise ValueError("advantage: distill is distillation alone, and distill_coef adds the same term to "
                              "another advantage (grpo, ...); set one of them")
         return self
+
+    @property
+    def greedy_baseline(self) -> bool:
+        """Rollout workers generate a greedy sample beside each training group, ReMax's baseline."""
+        return self.advantage == "remax"
 
     @property
     def uses_teacher(self) -> bool:

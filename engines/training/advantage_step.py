@@ -7,10 +7,12 @@ import torch
 
 from ..algorithms import distill, kl_penalty
 from ..algorithms.catalog import ADVANTAGES, KL_ESTIMATORS
+from ..algorithms.gae import gae_returns
 from ..algorithms.kl_control import KlController
 from ..settings.training import TrainingSettings
 from .batch import Batch
 from .distillation import distill_metrics, keep_rows_with_teacher, teacher_inputs
+from .record_inputs import record_inputs
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -38,8 +40,14 @@ def fill_advantages(batch: Batch, settings: TrainingSettings,
         metrics["distill/rows_without_teacher"] = float(keep_rows_with_teacher(batch))
         mask = batch.response_mask
     advantage_fn = ADVANTAGES.get(s.advantage)
+    critic_inputs = {"values": batch.values} if s.uses_critic else {}
     batch.advantages = advantage_fn(batch.rewards, mask, batch.group_ids, token_rewards=token_rewards,
-                                    **teacher_inputs(advantage_fn, batch), **s.advantage_params).to(mask.dtype)
+                                    **teacher_inputs(advantage_fn, batch), **record_inputs(advantage_fn, batch),
+                                    **critic_inputs,
+                                    **s.advantage_kwargs).to(mask.dtype)
+    if s.uses_critic:  # the critic's targets, from the same rewards and values (.critic)
+        batch.returns = gae_returns(batch.rewards, mask, token_rewards, batch.values, gamma=s.gae_gamma,
+                                    lam=s.gae_lambda)
     if s.distill_coef > 0:  # distillation beside the task reward
         batch.advantages = batch.advantages + s.distill_coef * distill(
             batch.rewards, mask, batch.group_ids, **teacher_inputs(distill, batch)).to(mask.dtype)

@@ -6,6 +6,9 @@ longest response ``R``, so every response starts at column ``P`` and all per-res
 from each sequence's first real token, so padding changes no logit.
 
 The logit at column ``P − 1 + t`` predicts response token ``t``.
+
+A micro-batch may also carry its rows packed end to end in one row without padding (``packed``,
+:mod:`.packing`); the model then runs on that, and every per-token tensor here keeps the ``[B, R]`` layout.
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import numpy as np
 import torch
 
 from streamrft.schemas import Experience, unpack_f32
+
+from .packing import PackedRows
+from .record_inputs import greedy_rewards, turn_tensors
 
 
 @dataclass
@@ -37,6 +43,11 @@ class Batch:
     # them ([B] bool); None when no record carries any
     teacher_logprobs: torch.Tensor | None = None
     has_teacher: torch.Tensor | None = None
+    # what the records carry for some advantage estimators (.record_inputs): the greedy sample's score ([B]
+    # float, NaN where none; remax), each response token's model turn and that turn's state ([B, R] long; gigpo)
+    greedy_rewards: torch.Tensor | None = None
+    turn_index: torch.Tensor | None = None
+    turn_state: torch.Tensor | None = None
     # filled by TrainingEngine.prepare
     old_logprobs: torch.Tensor | None = None  # the proximal policy's: the weights' before the optimiser step
     # prepared for one update: old_logprobs (and the IS weights of reweighted_rows, [B] bool) come from the
@@ -46,7 +57,12 @@ class Batch:
     ref_logprobs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     loss_weights: torch.Tensor | None = None  # [B, R] truncated IS weights (1 when not corrected)
+    # with a critic (advantage: gae, .critic): its values V(s_t) before its update, and its targets (λ-returns)
+    values: torch.Tensor | None = None  # [B, R]
+    returns: torch.Tensor | None = None  # [B, R]
     metrics: dict[str, float] = field(default_factory=dict)
+    # the rows laid end to end without padding, which the forward then runs on (a micro-batch's, .packing)
+    packed: PackedRows | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -70,7 +86,8 @@ class Batch:
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
-        return replace(self, **moved)
+        on_device = replace(self, **moved, packed=None)
+        return on_device.pack() if self.packed is not None else on_device
 
     def select(self, rows: Sequence[int] | slice) -> "Batch":
         """The given rows, re-trimmed to their own longest prompt and response (fewer padded columns)."""
@@ -86,6 +103,8 @@ class Batch:
             value = getattr(self, f.name)
             if f.name == "metrics":
                 values[f.name] = dict(value)
+            elif f.name == "packed":  # packed rows are a micro-batch's own: pack the selection again
+                values[f.name] = None
             elif f.name == "group_ids":
                 values[f.name] = [value[i] for i in index.tolist()]
             elif value is None or isinstance(value, bool):
@@ -97,6 +116,11 @@ class Batch:
             else:
                 values[f.name] = value[index.to(value.device)]
         return Batch(**values)
+
+    def pack(self) -> "Batch":
+        """These rows with their sequences laid end to end for the forward (:class:`.packing.PackedRows`)."""
+        return replace(self, packed=PackedRows.of(self.input_ids, self.attention_mask, self.position_ids,
+                                                  self.prompt_lengths, self.response_lengths))
 
     def micro_batches(self, size: int) -> Iterator["Batch"]:
         for start in range(0, len(self), size):
@@ -158,6 +182,7 @@ def collate(
         if e.teacher_logprobs is not None:
             teacher[i, :rl] = _response_array(e, unpack_f32(e.teacher_logprobs), "teacher_logprobs")
             has_teacher[i] = True
+    turns = turn_tensors(experiences, r)
     attention_t = torch.from_numpy(attention)
     positions = (attention_t.cumsum(-1) - 1).clamp(min=0)
     return Batch(
@@ -178,4 +203,7 @@ def collate(
         group_ids=[e.group_id for e in experiences],
         teacher_logprobs=torch.from_numpy(teacher) if has_teacher.any() else None,
         has_teacher=torch.from_numpy(has_teacher) if has_teacher.any() else None,
+        greedy_rewards=greedy_rewards(experiences),
+        turn_index=None if turns is None else turns[0],
+        turn_state=None if turns is None else turns[1],
     )

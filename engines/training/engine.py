@@ -34,13 +34,16 @@ from ..settings.lora import LoraSettings
 from ..models import MODEL_LOAD_LOCK
 from .advantage_step import batch_metrics, fill_advantages
 from .batch import Batch, collate
+from .critic import Critic, critic_only_step
 from .logprobs import batch_logprobs
 from .loss import LossTally, micro_batch_loss
+from .micro_batches import MicroBatching
 from .parallel import SingleProcess
 from .proximal import InPassProximal, proximal_in_pass_possible
 from .schedule import build_scheduler
 from ..settings.training import TrainingSettings
 from .supervised import ObjectiveSplit, train_mixed_step
+from .trained_state import load_trained_state, trained_state
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +94,9 @@ class TrainingEngine:
             ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device)
             ref_model.eval().requires_grad_(False)
             self.ref_model, _ = self.parallel.wrap(ref_model, trainable=False)
+        # PPO with a critic: the value model copies the policy's backbone before LoRA and the wrap change it
+        self.critic = Critic(model, s, device=self.device, parallel=self.parallel,
+                             lora=lora) if s.uses_critic else None
         if lora is not None:
             from peft import get_peft_model
 
@@ -131,11 +137,12 @@ class TrainingEngine:
 
         settings = settings or TrainingSettings()
         with MODEL_LOAD_LOCK:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, **settings.model_load_kwargs)
         ref = None
         if settings.needs_reference:
             with MODEL_LOAD_LOCK:
-                ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32)
+                ref = AutoModelForCausalLM.from_pretrained(str(ref_path or path), dtype=torch.float32,
+                                                           **settings.model_load_kwargs)
         return cls(model, settings, ref_model=ref, device=device, parallel=parallel, lora=lora)
 
     # ------------------------------------------------------------------ state
@@ -154,21 +161,21 @@ class TrainingEngine:
         """Model (the adapters alone under LoRA), optimiser, scheduler and step of a single-process engine (a
         sharded one: :meth:`save_state`)."""
         return {
-            "model": self._trained_state(),
+            "model": trained_state(self.model, adapters_only=self.lora is not None),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "step": self._step,
             "kl_ctrl": self.kl_ctrl.state_dict(),
+            **({"critic": self.critic.state_dict()} if self.critic is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.lora is None:
-            self.model.load_state_dict(state["model"])
-        else:
-            self._load_adapters(state["model"])
+        load_trained_state(self.model, state["model"], adapters_only=self.lora is not None)
         self.optimizer.load_state_dict(state["optimizer"])
         self.restore_schedule(state["scheduler"], int(state["step"]))
         self.kl_ctrl.load_state_dict(state.get("kl_ctrl"))
+        if self.critic is not None:
+            self.critic.load_state_dict(state.get("critic"))
 
     def restore_schedule(self, scheduler_state: dict[str, Any], step: int) -> None:
         self.scheduler.load_state_dict(scheduler_state)
@@ -194,7 +201,7 @@ class TrainingEngine:
         materialised at a time.
         """
         if self.lora is not None:
-            for name, tensor in self._trained_state().items():
+            for name, tensor in trained_state(self.model, adapters_only=True).items():
                 tensor = self.parallel.full_tensor(tensor.detach())
                 yield _adapter_name(name), tensor if dtype is None else tensor.to(dtype)
             return
@@ -211,22 +218,6 @@ class TrainingEngine:
         """What a published version's manifest says about its tensors (that they are an adapter, and which)."""
         return self.lora.metadata() if self.lora is not None else {}
 
-    def _trained_state(self) -> dict[str, torch.Tensor]:
-        """The state a checkpoint keeps of the model: all of it, or under LoRA the adapters (peft's names)."""
-        state = self.model.state_dict()
-        if self.lora is None:
-            return state
-        trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
-        return {name: tensor for name, tensor in state.items() if name in trained}
-
-    def _load_adapters(self, adapters: dict[str, torch.Tensor]) -> None:
-        expected = set(self._trained_state())
-        if set(adapters) != expected:
-            missing, unknown = sorted(expected - set(adapters)), sorted(set(adapters) - expected)
-            raise ValueError(f"the checkpoint's adapters do not match model.lora: missing {missing[:3]}, "
-                             f"unknown {unknown[:3]} (was it written with other lora settings, or without LoRA?)")
-        self.model.load_state_dict(adapters, strict=False)
-
     # ------------------------------------------------------------------ stages
 
     def collate(self, experiences: Sequence[Experience], needs_correction: Sequence[bool] | None = None) -> Batch:
@@ -236,7 +227,7 @@ class TrainingEngine:
     def compute_logprobs(self, batch: Batch, model: torch.nn.Module | None = None) -> torch.Tensor:
         """Response logprobs ``[B, R]`` under ``model`` (default: the policy), no gradient (:func:`batch_logprobs`)."""
         return batch_logprobs(self.model if model is None else model, batch, self.parallel,
-                              self.settings.micro_batch_size, self.settings.temperature, self.autocast_dtype)
+                              MicroBatching.of(self.settings), self.settings.temperature, self.autocast_dtype)
 
     def prepare(
         self, experiences: Sequence[Experience] | Batch, needs_correction: Sequence[bool] | None = None, *,
@@ -261,6 +252,8 @@ class TrainingEngine:
             batch.old_logprobs = self.compute_logprobs(batch) if recompute else batch.behaviour_logprobs
         if self.ref_model is not None:
             batch.ref_logprobs = self.compute_logprobs(batch, self.ref_model)
+        if self.critic is not None:
+            batch.values = self.critic.values(batch)
         metrics = fill_advantages(batch, s, self.kl_ctrl)
         mask = batch.response_mask
         if recompute and not in_pass:  # rollout-vs-trainer mismatch, reported whether or not it is corrected
@@ -290,7 +283,7 @@ class TrainingEngine:
         norms = {"num_tokens": float(batch.response_mask.sum()), "num_seqs": float(len(batch))}
         tally = LossTally()
         self.model.train()
-        micro_batches = list(self.parallel.micro_batches(batch, s.micro_batch_size))
+        micro_batches = list(self.parallel.micro_batches(batch, MicroBatching.of(s)))
         for k, micro in enumerate(micro_batches):
             # DDP decides at the forward whether the backward all-reduces: once, after the last micro-batch
             with self.parallel.gradient_sync(self.train_model, last=k == len(micro_batches) - 1):
@@ -333,8 +326,11 @@ class TrainingEngine:
         return {"actor/grad_norm": grad_norm, "actor/lr": lr, "actor/skipped_step": 0.0}
 
     def optimizer_step(self, batch: Batch) -> dict[str, float]:
-        """:meth:`backward` + :meth:`apply_gradients` on a prepared batch; all metrics, batch ones included."""
+        """The critic's update (with one), :meth:`backward` + :meth:`apply_gradients` on a prepared batch; all
+        metrics, batch ones included."""
         metrics = dict(batch.metrics)
+        if self.critic is not None:
+            metrics.update(self.critic.update(batch))
         metrics.update(self.backward(batch))
         metrics.update(self.apply_gradients())
         return metrics
@@ -345,7 +341,10 @@ class TrainingEngine:
         """One full step on complete groups of experiences: prepare + one optimiser step. Supervised rows (SFT,
         DPO) train beside the RL rows, each objective's loss weighted by its share of the rows (:mod:`.supervised`)."""
         split = ObjectiveSplit.of(experiences, needs_correction)
-        if not split.only_rl:
+        if self.critic is not None and self.critic.warming_up:
+            return critic_only_step(self, split)
+        # CHORD weighs the RL loss by 1 − μ in every step, whether or not the SFT reader had rows to give
+        if not split.only_rl or self.settings.mix_weighting == "chord":
             return train_mixed_step(self, split)
         return self.optimizer_step(self.prepare(experiences, needs_correction, one_update=True))
 

@@ -28,7 +28,6 @@ import inspect
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from .batch import Batch
+from .micro_batches import MicroBatch, MicroBatching, split
 
 
 class Checkpointed(Protocol):
@@ -47,6 +47,7 @@ class Checkpointed(Protocol):
     lora: Any  # LoraSettings | None: under LoRA only the adapters are kept
     device: torch.device
     kl_ctrl: Any  # algorithms.kl_control.KlController: the KL penalty's coefficient, when adaptive
+    critic: Any  # .critic.Critic | None: the value model of advantage gae, its optimiser and schedule
 
     @property
     def step(self) -> int: ...
@@ -61,24 +62,6 @@ ENGINE_FILE = "engine.pt"  # single-process and DDP checkpoints: one file, writt
 SHARDED_DIR = "engine"  # FSDP checkpoints: a torch.distributed.checkpoint directory, every rank writes its shard
 
 
-@dataclass(frozen=True)
-class MicroBatch:
-    """A micro-batch of this rank's rows; ``rows`` are the rows of ``batch`` it holds, in its order. A padding
-    micro-batch (``padding=True``, no rows) trains nothing and only keeps the ranks' collectives in step."""
-
-    rows: list[int]
-    batch: Batch
-    padding: bool = False
-
-
-def padding_row(batch: Batch) -> Batch:
-    """One row of ``batch`` that trains nothing (zero mask and advantages): a rank's micro-batch when it has run
-    out of rows, so that it still enters every collective the other ranks do."""
-    row = batch.select([0])
-    zeros = torch.zeros_like(row.response_mask)
-    return replace(row, response_mask=zeros, advantages=None if row.advantages is None else zeros.clone())
-
-
 class SingleProcess:
     """One process trains on the whole batch."""
 
@@ -90,29 +73,16 @@ class SingleProcess:
         """``(model, the module the training forward goes through)``. ``model`` keeps its Hugging Face names."""
         return model, model
 
-    def rows(self, n: int) -> range:
-        """The rows of an ``n``-row batch this rank works on."""
+    def rows(self, n: int, rank: int | None = None) -> range:
+        """The rows of an ``n``-row batch this rank (or rank ``rank``) works on."""
+        rank = self.rank if rank is None else rank
         share = math.ceil(n / self.world_size)
-        return range(min(n, self.rank * share), min(n, (self.rank + 1) * share))
+        return range(min(n, rank * share), min(n, (rank + 1) * share))
 
-    def micro_batches(self, batch: Batch, size: int) -> Iterator[MicroBatch]:
-        """This rank's rows of ``batch`` in micro-batches of ``size``, the same number on every rank.
-
-        Rows go shortest first, so that each micro-batch, trimmed to its own longest prompt and response
-        (``Batch.select``), carries little padding: sampled responses vary in length, and a forward/backward
-        costs its padded columns too. The loss of every micro-batch is normalised by the whole step's counts, so
-        the order changes nothing but the order of float sums.
-        """
-        rows = self.rows(len(batch))
-        lengths = (batch.prompt_lengths + batch.response_lengths)[rows.start:rows.stop]
-        order = [rows.start + i for i in torch.argsort(lengths.cpu(), stable=True).tolist()]
-        count = math.ceil(math.ceil(len(batch) / self.world_size) / size)
-        for k in range(count):
-            chosen = order[k * size:(k + 1) * size]
-            if chosen:
-                yield MicroBatch(chosen, batch.select(chosen))
-            else:
-                yield MicroBatch([], padding_row(batch), padding=True)
+    def micro_batches(self, batch: Batch, size: MicroBatching | int) -> Iterator[MicroBatch]:
+        """This rank's rows of ``batch`` in micro-batches of ``size`` rows, or as a :class:`MicroBatching` says
+        (a token budget, packing), the same number on every rank (:mod:`.micro_batches`)."""
+        return split(batch, size, self)
 
     def gather_rows(self, local: torch.Tensor, n: int) -> torch.Tensor:
         """``local`` holds this rank's rows (``len(self.rows(n))`` of them): the ``[n, ...]`` tensor of all."""
@@ -280,6 +250,8 @@ def _sharded_state(engine: Checkpointed) -> dict[str, Any]:
              "scheduler": engine.scheduler.state_dict(), "step": engine.step}
     if engine.kl_ctrl.adaptive:  # only then: a checkpoint of a fixed-coefficient run has no such key to load
         state["kl_ctrl"] = engine.kl_ctrl.state_dict()
+    if engine.critic is not None:
+        state["critic"] = engine.critic.sharded_state()
     return state
 
 
@@ -301,6 +273,8 @@ def _load_sharded(engine: Checkpointed, directory: Path) -> None:
                    optim_state_dict=state["optimizer"], options=_state_options(engine))
     engine.restore_schedule(state["scheduler"], int(state["step"]))
     engine.kl_ctrl.load_state_dict(state.get("kl_ctrl"))
+    if engine.critic is not None:
+        engine.critic.load_sharded(state["critic"])
 
 
 def strategy(name: str, **options: Any) -> SingleProcess:

@@ -6,7 +6,7 @@ over its pairs, RL by the configured aggregation. The step's loss is their sum, 
 share of the batch's rows: ``L = Σ_o (n_o / n) · L_o``. So a 10 % SFT share of the rows is a 10 % share of the
 loss, and a batch of one objective trains exactly as that objective alone. With ``mix_weighting: chord`` the RL
 and SFT losses are weighed ``1 − μ`` and ``μ`` instead, μ on CHORD's schedule over the steps
-(:func:`~streamrft.engines.algorithms.chord.chord_weights`).
+(:func:`~streamrft.engines.algorithms.chord.chord_weights`), the RL loss so even in a step without SFT rows.
 
 **Only RL rows reach the RL machinery** (advantages, old logprobs, KL, staleness, importance weights): an SFT row
 in a GRPO group would move its baseline, and a supervised row has no behaviour policy to correct for.
@@ -27,7 +27,6 @@ of data.
 """
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +41,8 @@ from ..algorithms.chord import chord_weights
 from ..settings.training import TrainingSettings
 from .batch import Batch
 from .logprobs import response_logprobs
-from .parallel import MicroBatch, SingleProcess, padding_row
+from .micro_batches import MicroBatch, MicroBatching, split
+from .parallel import SingleProcess
 
 
 class StepEngine(Protocol):
@@ -54,6 +54,7 @@ class StepEngine(Protocol):
     model: torch.nn.Module
     train_model: torch.nn.Module  # the model as wrapped for training (DDP / FSDP)
     autocast_dtype: torch.dtype | None
+    critic: Any  # .critic.Critic | None: trains on the RL rows first, with advantage gae
 
     @property
     def step(self) -> int: ...  # optimiser steps taken: CHORD's schedule runs on it
@@ -152,6 +153,8 @@ def train_mixed_step(engine: StepEngine, split: ObjectiveSplit) -> dict[str, flo
     if split.rl:
         batch = engine.prepare(split.rl, split.rl_flags, one_update=True)
         metrics.update(batch.metrics)
+        if engine.critic is not None:
+            metrics.update(engine.critic.update(batch))
         metrics.update(engine.backward(batch, weight=rl_weight))
     if split.sft:
         metrics.update(sft_backward(engine, engine.collate(split.sft), weight=sft_weight))
@@ -170,7 +173,7 @@ def sft_backward(engine: StepEngine, batch: Batch, weight: float = 1.0) -> dict[
     nll = POLICY_LOSSES.get(engine.settings.sft_loss)
     num_tokens = float(batch.response_mask.sum())
     total = 0.0
-    micro_batches = list(engine.parallel.micro_batches(batch, engine.settings.micro_batch_size))
+    micro_batches = list(engine.parallel.micro_batches(batch, MicroBatching.of(engine.settings)))
     engine.model.train()
     for k, micro in enumerate(micro_batches):
         with engine.parallel.gradient_sync(engine.train_model, last=k == len(micro_batches) - 1):
@@ -193,7 +196,7 @@ def dpo_backward(engine: StepEngine, batch: Batch, weight: float = 1.0) -> dict[
     loss_fn = PREFERENCE_LOSSES.get(s.preference_loss)
     num_pairs = len(batch) // 2
     sums = dict.fromkeys(("loss", "margin", "correct", "chosen", "rejected"), 0.0)
-    micro_batches = list(pair_micro_batches(engine.parallel, batch, s.micro_batch_size))
+    micro_batches = list(pair_micro_batches(engine.parallel, batch, MicroBatching.of(s)))
     engine.model.train()
     for k, micro in enumerate(micro_batches):
         with engine.parallel.gradient_sync(engine.train_model, last=k == len(micro_batches) - 1):
@@ -227,23 +230,11 @@ def dpo_backward(engine: StepEngine, batch: Batch, weight: float = 1.0) -> dict[
     }
 
 
-def pair_micro_batches(parallel: SingleProcess, batch: Batch, size: int) -> Iterator[MicroBatch]:
+def pair_micro_batches(parallel: SingleProcess, batch: Batch, size: MicroBatching | int) -> Iterator[MicroBatch]:
     """This rank's share of ``batch``'s pairs (rows 2i, 2i + 1) in micro-batches of ``size`` rows rounded down
-    to whole pairs (at least one), shortest pairs first, the same number on every rank (as
-    ``SingleProcess.micro_batches`` does for rows)."""
-    num_pairs = len(batch) // 2
-    mine = parallel.rows(num_pairs)
-    lengths = (batch.prompt_lengths + batch.response_lengths).view(num_pairs, 2).max(-1).values
-    order = [mine.start + i for i in torch.argsort(lengths[mine.start:mine.stop].cpu(), stable=True).tolist()]
-    per = max(1, size // 2)
-    count = math.ceil(math.ceil(num_pairs / parallel.world_size) / per)
-    for k in range(count):
-        pairs = order[k * per:(k + 1) * per]
-        if pairs:
-            rows = [row for pair in pairs for row in (2 * pair + CHOSEN, 2 * pair + REJECTED)]
-            yield MicroBatch(rows, batch.select(rows))
-        else:
-            yield MicroBatch([], padding_row(batch), padding=True)
+    to whole pairs (at least one), or as a :class:`MicroBatching` says (a token budget, packing), shortest pairs
+    first, the same number on every rank (as ``SingleProcess.micro_batches`` does for rows)."""
+    return split(batch, size, parallel, unit=2)
 
 
 def _logprobs(engine: StepEngine, mb: Batch) -> torch.Tensor:

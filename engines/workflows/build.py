@@ -14,6 +14,7 @@ from ..settings.limits import WorkLimits
 from .auxiliary import WorkflowContext
 from .base import Workflow, WorkflowError, WorkflowSample, parse_payload
 from .episode import episode_workflow
+from .greedy import add_greedy_baseline
 from .registry import (ENVIRONMENT_GROUP, WORKFLOW_GROUP, UnknownNameError, get_environment_class, get_reward,
                        is_environment, is_workflow, registered_workflow_class, workflow_names)
 from .rewards import GroupReward
@@ -52,10 +53,12 @@ def run_workflow(
     sampling: SamplingParams | None = None,
     limits: WorkLimits | None = None,
     context: WorkflowContext | None = None,
+    greedy_baseline: bool = False,
 ) -> list[WorkflowSample]:
     """Run ``task``'s workflow: ``repeat_times`` (else ``task.repeat_times``, else 1) validated samples, within
     ``limits``, with the run's auxiliary models (``context``); when the run has a teacher, each sample the
-    reward scored gets the teacher's logprobs of its response tokens.
+    reward scored gets the teacher's logprobs of its response tokens. ``greedy_baseline``: one more run at
+    temperature 0 gives each sample ReMax's baseline (:mod:`.greedy`).
 
     Raises :class:`WorkflowError` for anything that goes wrong inside (its ``__cause__`` is the original).
     """
@@ -69,6 +72,8 @@ def run_workflow(
         samples = workflow.run(task, payload, engine, repeat, sampling)
         if len(samples) != repeat:
             raise ValueError(f"workflow returned {len(samples)} samples, {repeat} were asked for")
+        if greedy_baseline:
+            add_greedy_baseline(workflow, task, payload, engine, sampling, samples)
         if context.teacher is not None:
             scored = [s for s in samples if s.failure is None]
             for sample, logprobs in zip(scored, context.teacher.logprobs(scored, sampling.logprob_temperature)):

@@ -17,6 +17,10 @@ One episode is one sample:
   episode's ``reward`` is ``outcome()`` (or the task's ``reward_fn`` on the last model turn, when it names
   one). ``grpo`` scores an episode as reward + Σ turn rewards and gives that advantage to every model token;
   ``grpo_reward_to_go`` gives each turn the rewards from that turn on;
+- each model turn records the state it was taken in (``info["turn_states"]``,
+  :mod:`streamrft.schemas.experience_extras`): :meth:`Environment.state` when the environment defines it, else
+  the conversation so far, so turns of different episodes in the same state can be compared (GiGPO's anchor
+  states, ``advantage: gigpo``);
 - the run's budget, ``limits.max_turns`` model turns and ``limits.max_episode_tokens`` response tokens (model
   and environment), cuts an episode the environment has not ended, and so do the engine's positions
   (``max_model_len``: a longer sequence could not be trained): it is then ``truncated`` (and
@@ -30,9 +34,12 @@ samples turn ``t`` with seed ``seed + t * repeat_times + k`` when a seed is set.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
+
+from streamrft.schemas.experience_extras import TURN_STATES, encode_turn_states, state_key
 
 from ..inference.base import Completion, Message
 from .base import Workflow, WorkflowSample, add_versions, chat_suffix_ids
@@ -82,6 +89,11 @@ class Environment(ABC):
         """Strings about the episode for the sample's info."""
         return {}
 
+    def state(self) -> str | None:
+        """The state the next model turn is taken in, as text equal for equal states (what the model is shown
+        of the world, not how it got there); None: the whole conversation so far is the state."""
+        return None
+
 
 @dataclass
 class _Episode:
@@ -99,12 +111,17 @@ class _Episode:
     transcript: list[str] = field(default_factory=list)
     model_version: int | None = None  # of its first model token
     version_switches: list[tuple[int, int]] = field(default_factory=list)
+    turn_states: list[tuple[int, str]] = field(default_factory=list)  # (first response index, state key)
 
     @property
     def context(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
     def add_model_turn(self, completion: Completion) -> None:
+        if completion.response_ids:  # a turn is a span of tokens: an empty one has no action to credit
+            state = self.env.state()
+            self.turn_states.append((len(self.response_ids), state_key(
+                state if state is not None else array("i", self.context).tobytes())))
         self.model_version = add_versions(self.model_version, self.version_switches, completion,
                                           len(self.response_ids))
         self.response_ids += completion.response_ids
@@ -224,7 +241,8 @@ class EpisodeWorkflow(Workflow):
                 **episode.env.metrics(),
                 **reward.metrics,
             },
-            info={"finish": episode.finish or "", **episode.env.info(), **reward.info},
+            info={"finish": episode.finish or "", TURN_STATES: encode_turn_states(episode.turn_states),
+                  **episode.env.info(), **reward.info},
             correct=reward.correct,
             model_version=episode.model_version,
             version_switches=episode.version_switches,

@@ -261,8 +261,10 @@ class WorkflowPool:
     def running(self) -> int:
         return len(self._threads)
 
-    def start(self, key: Hashable, task: Task, repeat_times: int | None, sampling: SamplingParams) -> None:
-        """Run ``task``'s workflow under ``key`` (unique among running workflows)."""
+    def start(self, key: Hashable, task: Task, repeat_times: int | None, sampling: SamplingParams,
+              greedy_baseline: bool = False) -> None:
+        """Run ``task``'s workflow under ``key`` (unique among running workflows); ``greedy_baseline``: with
+        ReMax's greedy sample (:mod:`.greedy`)."""
         if key in self._threads:
             raise ValueError(f"workflow {key!r} is already running")
         self.driver.started()
@@ -271,7 +273,7 @@ class WorkflowPool:
             self.driver.run_as(key)
             try:
                 outcome: Outcome = run_workflow(task, self.shared, repeat_times, sampling, self.shared.limits,
-                                                self.context)
+                                                self.context, greedy_baseline)
             except WorkflowError as exc:
                 outcome = exc
             with self._lock:

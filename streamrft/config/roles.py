@@ -7,9 +7,11 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from streamrft.engines.settings.lora import LoraSettings
+from streamrft.engines.settings.reward_shaping import OverlongPenalty
 from streamrft.engines.settings.training import AlgorithmSettings, OptimizerSettings
 
 from .base import Section
+from .dynamic_sampling import DynamicSamplingConfig
 from .object_store import S3Config, check_s3_store, is_s3_url
 from .supervision import RestartConfig
 from .tasksets import TasksetConfig, check_tasksets
@@ -127,12 +129,18 @@ class ExplorerConfig(Section):
     max_retries: int = Field(default=0, ge=0, le=10,
                              description="a FAILED or TIMEOUT task is published again (a new request id) up to "
                                          "this many times within its step")
+    dynamic_sampling: DynamicSamplingConfig = Field(
+        default=DynamicSamplingConfig(), description="DAPO: over-sample tasks until a step holds batch_size groups "
+                                                     "whose rewards differ (streamrft/config/dynamic_sampling.py)")
     idle_wait_s: float = Field(default=5.0, gt=0, description="end of topic: wait this long for more tasks")
     metrics_port: int | None = 9101
 
     @model_validator(mode="after")
     def _tasksets_apart(self) -> "ExplorerConfig":
         check_tasksets(self.tasksets)
+        if self.dynamic_sampling.enabled and self.over_rollout.ratio > 0:
+            raise ValueError("explorer.dynamic_sampling needs every result of a step (its cancel signal would stop "
+                             "the tasks it adds): set over_rollout.ratio: 0 or dynamic_sampling.enabled: false")
         return self
 
     @property
@@ -203,7 +211,17 @@ class RolloutConfig(Section):
                                                      "it is stopped and reported TIMEOUT (its samples dropped)")
     transaction_timeout_ms: int = Field(default=30_000, ge=1000,
                                         description="a killed worker's open transaction is aborted after this")
+    overlong_penalty: OverlongPenalty | None = Field(
+        default=None, description="DAPO's soft overlong punishment of training rewards: {buffer_len, "
+                                  "penalty_factor} (streamrft/engines/settings/reward_shaping.py); null = off")
     metrics_port: int | None = 9102
+
+    @model_validator(mode="after")
+    def _overlong_within_max_tokens(self) -> "RolloutConfig":
+        if self.overlong_penalty and self.overlong_penalty.buffer_len > self.sampling.max_tokens:
+            raise ValueError(f"rollout.overlong_penalty.buffer_len ({self.overlong_penalty.buffer_len}) must not "
+                             f"exceed rollout.sampling.max_tokens ({self.sampling.max_tokens})")
+        return self
 
 
 class AlgorithmConfig(AlgorithmSettings, Section):
@@ -336,6 +354,24 @@ class TrainerConfig(OptimizerSettings, Section):
             raise ValueError(f"trainer.checkpoint_dir is {self.checkpoint_dir}: set trainer.weights.url to an "
                              "s3:// URL as well (e.g. the same bucket's weights/ prefix); both stores are reached "
                              "with the endpoint and keys of trainer.weights.s3")
+        return self
+
+    @model_validator(mode="after")
+    def _chord_has_sft_rows(self) -> "TrainerConfig":
+        if self.algorithm.mix_weighting == "chord" and self.mix.sft <= 0:
+            raise ValueError("trainer.algorithm.mix_weighting: chord weighs expert SFT rows against the RL rows, but "
+                             "trainer.mix.sft is 0, so no step has any; set trainer.mix.sft (e.g. 0.25, the SFT "
+                             "data in launch.data_files or `streamrft data produce FILE --as sft`) or "
+                             "mix_weighting: rows")
+        return self
+
+    @model_validator(mode="after")
+    def _critic_has_a_use(self) -> "TrainerConfig":
+        # set to other than its defaults (a config written out in full, as role processes load it, holds them)
+        if self.critic != type(self.critic)() and not self.algorithm.uses_critic:
+            raise ValueError(f"trainer.critic configures the value model of advantage gae (PPO with a critic), but "
+                             f"trainer.algorithm.advantage is {self.algorithm.advantage!r}; set advantage: gae, or "
+                             "remove trainer.critic")
         return self
 
     @field_validator("staleness_policy", mode="before")

@@ -22,10 +22,11 @@ from streamrft.engines.algorithms import (
 
 T = torch.tensor
 # The entries with a hand-computed example, here or in test_algorithms_losses.py (opmd, cispo, sapo, topr,
-# sft_phi) and test_algorithms_corrections.py (the importance corrections); a new registry entry must be added
-# here (with its test).
+# sft_phi), test_algorithms_corrections.py (the importance corrections) and test_critic.py (gae); a new registry
+# entry must be added here (with its test).
 COVERED = {
-    "advantage": {"grpo", "grpo_reward_to_go", "dr_grpo", "rloo", "reinforce_plus_plus", "distill", "opmd"},
+    "advantage": {"grpo", "grpo_reward_to_go", "dr_grpo", "rloo", "reinforce_plus_plus", "distill", "opmd", "gae",
+                  "remax", "gigpo", "step_grpo"},  # test_remax.py, test_gigpo.py
     "loss": {"ppo_clip", "decoupled_ppo", "gspo", "sft", "cispo", "sapo", "topr", "opmd", "sft_phi"},
     "kl": {"k1", "k2", "k3"},
     "agg": {"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"},

@@ -195,9 +195,15 @@ KNOB_VALUES = {
     "lr": 3e-5, "weight_decay": 0.01, "betas": [0.8, 0.95], "adam_eps": 1e-6, "max_grad_norm": None,
     "lr_schedule": "warmup_cosine", "warmup_steps": 2, "total_steps": 20, "min_lr_ratio": 0.1, "micro_batch_size": 3,
     "mixed_precision": "no", "gradient_checkpointing": True,
+    "max_tokens_per_micro_batch": 4096, "pack_sequences": True, "attn_implementation": "eager",
+    "critic": {"model_path": "critic-dir", "lr": 2e-5, "weight_decay": 0.0, "max_grad_norm": 0.5,
+               "lr_schedule": "warmup_cosine", "warmup_steps": 1, "total_steps": 30, "min_lr_ratio": 0.2,
+               "cliprange_value": 0.2, "critic_warmup": 3},
 }
 ALGORITHM_VALUES = {
-    "advantage": "reinforce_plus_plus", "advantage_params": {"gamma": 0.9}, "policy_loss": "sapo",
+    "advantage": "gae", "advantage_params": {"whiten": False}, "gae_gamma": 0.99, "gae_lambda": 0.95,
+    "gigpo_step_weight": 0.5,
+    "policy_loss": "sapo",
     "policy_loss_params": {"tau_pos": 0.5}, "clip_low": 0.1, "clip_high": 0.3, "clip_ratio_c": None,  # ppo_clip's
     "loss_agg": "seq-mean-token-sum", "entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k2",
     "kl_penalty_coef": 0.02, "kl_penalty_estimator": "k3", "kl_ctrl": "adaptive", "target_kl": 0.05,
@@ -214,14 +220,17 @@ def test_every_training_knob_is_settable_from_yaml_and_reaches_the_engine(tmp_pa
     settable = set(TrainingSettings.model_fields) - {"temperature"}  # temperature: from rollout.sampling
     assert settable == set(KNOB_VALUES) | set(ALGORITHM_VALUES), "give a new knob a value in this test"
     path = tmp_path / "run.yaml"
-    path.write_text(yaml.safe_dump({"trainer": KNOB_VALUES | {"algorithm": ALGORITHM_VALUES},
+    # mix_weighting: chord weighs SFT rows, which trainer.mix brings
+    path.write_text(yaml.safe_dump({"trainer": KNOB_VALUES | {"algorithm": ALGORITHM_VALUES, "mix": {"sft": 0.1}},
                                     "rollout": {"sampling": {"temperature": 0.7}},
                                     # distill_coef trains on a teacher's logprobs: the run names its teacher
                                     "auxiliary_models": {"teacher": {"model": "teacher-dir"}},
                                     "distillation": {"teacher": "teacher"}}))
     settings = load_config(path, env={}).training_settings
     for key, value in (KNOB_VALUES | ALGORITHM_VALUES).items():
-        assert getattr(settings, key) == (tuple(value) if isinstance(value, list) else value), key
+        got = getattr(settings, key)
+        got = got.model_dump() if hasattr(got, "model_dump") else got  # a section of its own (trainer.critic)
+        assert got == (tuple(value) if isinstance(value, list) else value), key
     assert settings.temperature == 0.7
 
 

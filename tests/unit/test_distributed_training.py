@@ -30,6 +30,8 @@ VARIANTS = {
     # REINFORCE++ (whitened over the whole batch), per-sequence loss, truncated IS on every row
     "reinforce": TrainingSettings(lr=1e-3, micro_batch_size=3, advantage="reinforce_plus_plus",
                                   loss_agg="seq-mean-token-mean", tis=True),
+    # micro-batches by a token budget, packed: the ranks' counts differ, so one runs packed padding micro-batches
+    "packed": TrainingSettings(lr=1e-3, max_tokens_per_micro_batch=14, pack_sequences=True, entropy_coef=0.01),
 }
 COMPARED = ("actor/loss", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ratio_mean",
             "actor/ratio_max", "actor/advantage_abs_mean", "actor/num_tokens", "actor/reward_mean")
@@ -62,7 +64,8 @@ def run_ranks(out: Path, strategy: str, variant: str) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-8000:]
 
 
-@pytest.mark.parametrize("strategy, variant", [("fsdp", "grpo_kl"), ("ddp", "reinforce"), ("fsdp", "reinforce")])
+@pytest.mark.parametrize("strategy, variant", [("fsdp", "grpo_kl"), ("ddp", "reinforce"), ("fsdp", "reinforce"),
+                                               ("fsdp", "packed")])
 def test_two_gloo_ranks_train_like_one_process(tmp_path, strategy, variant):
     run_ranks(tmp_path, strategy, variant)
     total = sum(p.numel() for p in tiny_model().parameters())

@@ -280,6 +280,7 @@ def test_guess_number_gives_up_after_max_turns_and_counts_invalid() -> None:
     # the model's tokens: "90", "lots", "80", each with its <|im_end|>
     assert s.metrics == {"turns": 3.0, "turns_cut": 0.0, "invalid_guesses": 1.0, "model_tokens": 11.0,
                          "response_length": float(s.response_length)}
+    assert s.info.pop("turn_states").count(":") == 3  # one state per model turn (test_gigpo.py)
     assert not s.truncated and s.info == {"finish": "done", "found": "false"}  # the game's own end, not a cut
     assert "user: Please reply with a whole number." in s.response_text
     assert s.response_text.count("user: Lower.") == 1 and s.action_mask[-1] == 1
