@@ -6,6 +6,8 @@ import pytest
 from streamrft.consumers.explorer import Explorer
 from streamrft.consumers.rollout import RolloutWorker
 from streamrft.engines.tasks import make_arithmetic_tasks
+from streamrft.engines.workflows.arithmetic import ArithmeticWorkflow
+from streamrft.engines.workflows.registry import register_workflow
 from streamrft.kafka import KafkaClients
 from streamrft.schemas import Experience, RolloutResult, RolloutStatus
 
@@ -63,6 +65,16 @@ def _wait_until_both_hold_partitions(workers, timeout: float) -> None:
         time.sleep(0.2)
 
 
+@register_workflow("test_needs_answer", replace=True)
+class _NeedsAnswer(ArithmeticWorkflow):
+    """Arithmetic whose payload must hold an answer, checked only when it runs (in the worker)."""
+
+    def run(self, task, payload, engine, repeat_times, sampling):
+        if "answer" not in payload:
+            raise ValueError("payload has no 'answer' to score against")
+        return super().run(task, payload, engine, repeat_times, sampling)
+
+
 def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir):
     from streamrft.kafka.reader import read_topic
     from streamrft.schemas import Task
@@ -73,7 +85,8 @@ def test_poison_task_fails_alone_and_lands_in_the_dlq(run_config, tiny_model_dir
     clients = KafkaClients(config, config.kafka.bootstrap_servers)
     clients.ensure_topics()
     tasks = make_arithmetic_tasks(3, seed=2)
-    poison = Task(task_id="poison-1", workflow="arithmetic", payload='{"question": "What is 1 + 1?"}')  # no answer
+    # valid at the explorer's edge (a plugin workflow has no payload schema there), fails in the worker
+    poison = Task(task_id="poison-1", workflow="test_needs_answer", payload='{"question": "What is 1 + 1?"}')
     produce_tasks(clients, config, [tasks[0], poison, *tasks[1:]])
 
     worker = RoleThread("worker", lambda stop: RolloutWorker(config, clients, stop, "w0")).start()
