@@ -40,11 +40,11 @@ from .node import HOST, BrokerNode, PortTaken, Quorum
 from .data_dir import node_dir, prepare_data_dir
 from .readiness import Readiness
 from .security import BrokerSecurity
+from .shutdown import await_exit, left_without_quorum
 from .state import BrokerState
 
 logger = logging.getLogger(__name__)
 
-QUORUMLESS_GRACE_S = 3.0  # at stop, what a node left without a controller quorum gets to finish (see stop)
 
 
 class _LibrdkafkaToDebug:
@@ -204,18 +204,17 @@ class EmbeddedBroker:
         """Graceful stop (SIGTERM), SIGKILL after ``timeout`` s; then delete the data unless keep_data.
 
         Every node gets its SIGTERM at once. A broker's controlled shutdown waits for the controller quorum's
-        approval (up to 5 minutes), so a node left running after a majority has exited cannot finish: it gets
-        QUORUMLESS_GRACE_S, then SIGKILL rather than the whole timeout for a quorum that is gone. Its data is safe;
-        its next start recovers the logs."""
+        approval, so a node left running after a majority has exited cannot finish: it gets a short grace, then
+        SIGKILL rather than the whole timeout (see broker/shutdown.py)."""
         atexit.unregister(self.stop)
         nodes, self.nodes, self._bootstrap = self.nodes, [], None
         for node in nodes:
             if node.running():
                 _killpg(node.pid, signal.SIGTERM)
-        self._await_exit(nodes, timeout)
+        await_exit([node.running for node in nodes], timeout)
         left = [node for node in nodes if node.running()]
         for node in left:
-            if len(nodes) > 1 and len(left) <= len(nodes) // 2:  # expected: see above
+            if left_without_quorum(len(nodes), len(left)):  # expected: see above
                 logger.info("node %d (pid %d) cannot finish its controlled shutdown without a controller quorum; "
                             "killing it", node.node_id, node.pid)
             else:
@@ -226,23 +225,6 @@ class EmbeddedBroker:
         self._admin = None
         if self.data_dir is not None and not self.keep_data:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    @staticmethod
-    def _await_exit(nodes: list[BrokerNode], timeout: float) -> None:
-        """Until every node has exited, ``timeout`` passed, or the stragglers have had QUORUMLESS_GRACE_S
-        without a quorum (see stop)."""
-        deadline = time.monotonic() + timeout
-        quorum = len(nodes) // 2 + 1
-        quorum_gone_at = None
-        while time.monotonic() < deadline:
-            alive = [node for node in nodes if node.running()]
-            if not alive:
-                return
-            if len(nodes) > 1 and len(alive) < quorum:
-                quorum_gone_at = quorum_gone_at or time.monotonic()
-                if time.monotonic() - quorum_gone_at > QUORUMLESS_GRACE_S:
-                    return
-            time.sleep(0.1)
 
     def detach(self) -> BrokerState:
         """Give up ownership of a started, ``detached`` broker: its nodes keep running after this process exits.

@@ -12,11 +12,11 @@ import logging
 import os
 import signal
 import socket
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .jars import cache_root
+from .shutdown import await_exit, left_without_quorum
 
 logger = logging.getLogger(__name__)
 
@@ -102,22 +102,30 @@ def running_broker() -> BrokerState | None:
 
 def terminate(pids: list[int], data_dir: str, timeout: float = 20.0) -> bool:
     """SIGTERM the broker's process groups (each JVM leads its own; all at once, see EmbeddedBroker.stop), wait
-    up to ``timeout`` s, then SIGKILL what is left. Returns False if any had to be killed."""
-    for sig, wait_s in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+    up to ``timeout`` s (less for nodes left without a controller quorum, see broker/shutdown.py), then SIGKILL
+    what is left. Returns False if a node had to be killed that had a quorum to finish its shutdown with."""
+    graceful = True
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         alive = [pid for pid in pids if process_alive(pid, data_dir)]
         if not alive:
-            return True
+            return graceful
         for pid in alive:
             try:
                 os.killpg(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(process_alive(pid, data_dir) for pid in alive):
-            time.sleep(0.1)
-        if sig == signal.SIGTERM and any(process_alive(pid, data_dir) for pid in alive):
-            logger.warning("broker pids %s did not stop within %.0f s; killing them", alive, timeout)
-    return False
+        if sig == signal.SIGKILL:
+            await_exit([lambda pid=pid: process_alive(pid, data_dir) for pid in alive], 5.0)
+            break
+        await_exit([lambda pid=pid: process_alive(pid, data_dir) for pid in pids], timeout)
+        left = [pid for pid in pids if process_alive(pid, data_dir)]
+        if left and not left_without_quorum(len(pids), len(left)):
+            logger.warning("broker pids %s did not stop within %.0f s; killing them", left, timeout)
+            graceful = False
+        elif left:
+            logger.info("broker pids %s cannot finish their controlled shutdown without a controller quorum; "
+                        "killing them", left)
+    return graceful
 
 
 def user_topic_count(bootstrap_servers: str) -> str:
