@@ -11,4 +11,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --dev --demo  # the demo model too: the vLLM tests run on it
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-exec .venv/bin/python -m pytest -n "${STREAMRFT_TEST_WORKERS:-2}" --dist loadfile "$@"
+exec .venv/bin/python -m pytest -n "${STREAMRFT_TEST_WORKERS:-2}" --dist loadfile --durations=40 "$@"
