@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+# trainer.mixed_precision "auto" measures whether bf16 pays on this CPU; the suite's float32 references and
+# learning thresholds must not depend on the machine it runs on (roles started as processes inherit this too)
+os.environ.setdefault("STREAMRFT_CPU_BF16_SPEEDUP", "1")
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> str:

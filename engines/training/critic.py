@@ -28,6 +28,7 @@ from ..algorithms.value_loss import clipped_value_loss
 from ..settings.lora import LoraSettings
 from ..settings.training import TrainingSettings
 from .batch import Batch
+from .precision import autocast_dtype
 from .micro_batches import MicroBatching
 from .parallel import SingleProcess
 from .schedule import build_scheduler
@@ -55,8 +56,7 @@ class Critic:
         c = settings.critic_schedule
         self.model, self.train_model = parallel.wrap(build_value_model(policy, settings, lora).to(device),
                                                      trainable=True)
-        use_bf16 = settings.mixed_precision == "bf16" or (settings.mixed_precision == "auto" and device.type == "cuda")
-        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.autocast_dtype = autocast_dtype(settings.mixed_precision, device, parallel)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=c.lr, betas=settings.betas, eps=settings.adam_eps,
                                            weight_decay=c.weight_decay)

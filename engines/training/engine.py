@@ -39,6 +39,7 @@ from .logprobs import batch_logprobs
 from .loss import LossTally, micro_batch_loss
 from .micro_batches import MicroBatching
 from .parallel import SingleProcess
+from .precision import autocast_dtype
 from .proximal import InPassProximal, proximal_in_pass_possible
 from .schedule import build_scheduler
 from ..settings.training import TrainingSettings
@@ -104,8 +105,7 @@ class TrainingEngine:
         # self.model keeps the Hugging Face names; the training forward goes through self.train_model (DDP's
         # wrapper; the model itself when FSDP2 shards it in place)
         self.model, self.train_model = self.parallel.wrap(model, trainable=True)
-        use_bf16 = s.mixed_precision == "bf16" or (s.mixed_precision == "auto" and self.device.type == "cuda")
-        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.autocast_dtype = autocast_dtype(s.mixed_precision, self.device, self.parallel)
         if pad_token_id is None:
             pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_token_id = int(pad_token_id or 0)
