@@ -10,8 +10,8 @@ lasts as long as the soak and every step is full.
 
 What it does to the run during ``--minutes``: every ``--kill-every-s`` (jittered) a SIGKILL of the next role of a
 shuffled deck (each round kills every role once: explorer, trainer, monitor, each worker), which `streamrft run`
-must notice and restart by itself; every ``--broker-every-s`` a SIGKILL of a random broker node, down for
-``--broker-down-s``, back on its data, the cluster in sync again before anything else happens to the brokers.
+must notice and restart by itself; every ``--broker-every-s`` a SIGKILL of a random broker node, down for 5 s,
+back on its data, the cluster in sync again before anything else happens to the brokers.
 Every ``SAMPLE_S`` it samples each process's resident memory (/proc) and the consumer groups' lags.
 
 Then it stops producing, waits until the explorer has finished every produced step and the trainer has caught up,
