@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from streamrft.errors import AuthorizationError
 from streamrft.kafka import KafkaClients, unanswered
+from streamrft.metric_catalog import prometheus_metric
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +26,7 @@ class GroupLagGauges:
     def __init__(self, registry: CollectorRegistry, clients: KafkaClients, sample_s: float = SAMPLE_S):
         self.clients = clients
         self.sample_s = sample_s
-        self.gauge = Gauge(LAG_GAUGE, "records a read_committed reader of the consumer group has yet to get from "
-                           "the topic (transaction markers are not counted)", ["group", "topic"], registry=registry)
+        self.gauge = prometheus_metric(LAG_GAUGE, registry)
         self._sampled_at = float("-inf")
         self._refused = False
 

@@ -25,11 +25,12 @@ import logging
 import re
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
+from streamrft.metric_catalog import EXPORTED_FAMILY, Series, prometheus_metric
 from streamrft.runtime import RoleRuntime
 from streamrft.schemas import Metric
 
@@ -60,19 +61,18 @@ class PrometheusExport:
 
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
-        self._gauges: dict[str, Gauge | None] = {}
+        self._gauges: dict[str, Series | None] = {}
         self._latest_step: dict[tuple[str, str, str], int] = {}
-        self.step_gauge = Gauge(STEP_GAUGE, "step of the latest value of each metric", ["metric", "role", "source"],
-                                registry=registry)
-        self.records = Counter("streamrft_monitor_records", "metric records read, by outcome (exported or "
-                               "duplicate)", ["outcome"], registry=registry)
+        self.step_gauge = prometheus_metric(STEP_GAUGE, registry)
+        self.records = prometheus_metric("streamrft_monitor_records", registry)
         self._gauges[STEP_GAUGE] = None  # a metric that sanitises to this name is not exported
 
-    def _gauge(self, metric_name: str) -> Gauge | None:
+    def _gauge(self, metric_name: str) -> Series | None:
         name = prometheus_name(metric_name)
         if name not in self._gauges:
             try:
-                self._gauges[name] = Gauge(name, f"latest {metric_name}", ["role", "source"], registry=self.registry)
+                self._gauges[name] = prometheus_metric(name, self.registry, family=EXPORTED_FAMILY,
+                                                       documentation=f"latest {metric_name}")
             except ValueError as exc:
                 logger.warning("monitor: metric %s is not exported to Prometheus as %s: %s", metric_name, name, exc)
                 self._gauges[name] = None

@@ -7,6 +7,7 @@ import logging
 from prometheus_client import CollectorRegistry, start_http_server
 
 from .kafka import RecordProducer
+from .metric_catalog import check_emitted
 from streamrft.schemas import Metric
 
 logger = logging.getLogger(__name__)
@@ -23,7 +24,9 @@ class MetricsPublisher:
 
     def publish(self, step: int, values: dict[str, float], tags: dict[str, str] | None = None) -> None:
         """Produce one Metric per value. Call inside the role's transaction when its producer is
-        transactional, so metrics of an aborted unit of work vanish with it."""
+        transactional, so metrics of an aborted unit of work vanish with it. Each name must be declared for the
+        role (``streamrft.metric_catalog``): an error in the tests, a warning once in a run."""
+        check_emitted(values, self.role)
         for name, value in values.items():
             self.producer.produce(self.topic, Metric(source=self.source, role=self.role, name=name,
                                                      value=float(value), step=step, tags=dict(tags or {})))

@@ -12,6 +12,9 @@ import pytest
 # trainer.mixed_precision "auto" measures whether bf16 pays on this CPU; the suite's float32 references and
 # learning thresholds must not depend on the machine it runs on (roles started as processes inherit this too)
 os.environ.setdefault("STREAMRFT_CPU_BF16_SPEEDUP", "1")
+# a metric name a role writes to the metrics topic without a declaration fails the test that runs the role
+# (streamrft/metric_catalog; roles started as processes inherit this too)
+os.environ.setdefault("STREAMRFT_STRICT_METRICS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -26,11 +26,11 @@ import collections
 import logging
 import time
 
-from prometheus_client import Counter, Gauge
 
 from streamrft.config import RunConfig
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.pacing import Pacing
 from streamrft.rollout_stats import retry_metrics, step_metrics, taskset_metrics
 from streamrft.runtime import RoleRuntime, UnitOfWork
@@ -80,15 +80,11 @@ class Explorer:
         self._rollout_partitions = len(clients.offsets(config.topic("rollouts")))
         self._next_partition = 0
         registry = self.runtime.registry
-        self.g_step = Gauge("streamrft_explorer_step", "next explorer step", registry=registry)
-        self.g_version = Gauge("streamrft_explorer_model_version", "latest published weights version",
-                               registry=registry)
-        self.g_waiting = Gauge("streamrft_explorer_waiting", "1 while held back by staleness or trainer lag",
-                               registry=registry)
-        self.g_in_flight = Gauge("streamrft_explorer_steps_in_flight", "training steps published, not finished",
-                                 registry=registry)
-        self.c_results = Counter("streamrft_explorer_results", "rollout results by status", ["status"],
-                                 registry=registry)
+        self.g_step = prometheus_metric("streamrft_explorer_step", registry)
+        self.g_version = prometheus_metric("streamrft_explorer_model_version", registry)
+        self.g_waiting = prometheus_metric("streamrft_explorer_waiting", registry)
+        self.g_in_flight = prometheus_metric("streamrft_explorer_steps_in_flight", registry)
+        self.c_results = prometheus_metric("streamrft_explorer_results", registry)
         self.runtime.serve(self.settings.metrics_port)
 
     @property

@@ -4,24 +4,20 @@ from __future__ import annotations
 import collections
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from streamrft.engines.rollout import Assembled, RolloutCore
+from streamrft.metric_catalog import prometheus_metric
 
 
 class RolloutMetrics:
     def __init__(self, registry: CollectorRegistry, core: RolloutCore) -> None:
         self.core = core
-        self.requests = Counter("streamrft_rollout_requests", "requests handled, by status", ["status"],
-                                registry=registry)
-        self.tokens = Counter("streamrft_rollout_generated_tokens", "response tokens generated", registry=registry)
-        self.failed_samples = Counter("streamrft_rollout_failed_samples", "samples their reward could not score "
-                                      "(a judge's answer without a score), by reward; never trained on",
-                                      ["reward"], registry=registry)
-        self.busy = Counter("streamrft_rollout_busy_seconds", "seconds the engine ran with requests in flight",
-                            registry=registry)
-        Gauge("streamrft_rollout_swaps_in_flight", "weights versions loaded while requests ran "
-              "(rollout.weight_update: in_flight)", registry=registry).set_function(lambda: core.swaps_in_flight)
+        self.requests = prometheus_metric("streamrft_rollout_requests", registry)
+        self.tokens = prometheus_metric("streamrft_rollout_generated_tokens", registry)
+        self.failed_samples = prometheus_metric("streamrft_rollout_failed_samples", registry)
+        self.busy = prometheus_metric("streamrft_rollout_busy_seconds", registry)
+        prometheus_metric("streamrft_rollout_swaps_in_flight", registry).set_function(lambda: core.swaps_in_flight)
         self._unscored: collections.Counter[str] = collections.Counter()  # by reward, since the last commit
         self._penalties: list[float] = []  # overlong penalties since the last commit (rollout.overlong_penalty)
         self._busy_s = 0.0

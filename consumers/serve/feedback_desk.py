@@ -10,13 +10,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from streamrft.config import RunConfig
 from streamrft.config.roles import ServeConfig
 from streamrft.engines.workflows.base import WorkflowSample
 from streamrft.kafka.transaction import FatalTransactionError
 from streamrft.lifecycle import StopSignal
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.runtime import UnitOfWork
 from streamrft.schemas import Experience, FeedbackReceipt, RolloutKind
 
@@ -78,8 +79,7 @@ class FeedbackDesk:
         self.receipts = receipts
         self.grouping = Grouping(settings.grouping, settings.group_size, server_id)
         self.conversations = Conversations(settings.pending_ttl_s)
-        self.c_feedback = Counter("streamrft_serve_feedback", "feedback received, by outcome (written, replayed, "
-                                  "held, refused, failed)", ["outcome"], registry=registry)
+        self.c_feedback = prometheus_metric("streamrft_serve_feedback", registry)
         self._writes: deque[_Write] = deque()
         self._writes_ready = threading.Condition()
         self._in_flight: dict[tuple[str, int], threading.Event] = {}  # feedback being written, by choice

@@ -36,8 +36,6 @@ import time
 import uuid
 from collections.abc import Callable
 
-from prometheus_client import Counter, Gauge
-
 from streamrft.config import RunConfig
 from streamrft.consumers.rollout import build_engine
 from streamrft.engines.inference import Completion, InferenceEngine, SamplingParams
@@ -45,6 +43,7 @@ from streamrft.engines.inference.base import TokenListener
 from streamrft.engines.serving import Job, ServingLoop, ServingPolicy
 from streamrft.kafka import KafkaClients
 from streamrft.lifecycle import StopSignal
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.runtime import RoleRuntime, UnitOfWork
 from streamrft.weights.follower import FollowedWeights, WeightFollower
 
@@ -95,37 +94,28 @@ class ServeRole:
 
     def _metrics(self) -> None:
         registry, serving, conversations = self.runtime.registry, self.serving, self.feedback_desk.conversations
-        self.c_requests = Counter("streamrft_serve_requests", "completion requests, by endpoint", ["endpoint"],
-                                  registry=registry)
-        self.c_tokens = Counter("streamrft_serve_generated_tokens", "response tokens generated", registry=registry)
-        gauges = {
-            "streamrft_serve_running": ("requests in the engine", lambda: serving.running),
-            "streamrft_serve_waiting": ("requests queued for the engine", lambda: serving.waiting),
-            "streamrft_serve_batch_size": ("requests the last engine step ran", lambda: serving.last_batch),
-            "streamrft_serve_batch_size_max": ("the most requests one engine step ran", lambda: serving.largest_batch),
-            "streamrft_serve_engine_steps": ("engine steps", lambda: serving.steps),
-            "streamrft_serve_cancelled": ("requests their client gave up on (they left the engine)",
-                                          lambda: serving.cancelled),
-            "streamrft_serve_timed_out": ("requests stopped at serve.request_timeout_s", lambda: serving.timed_out),
-            "streamrft_serve_refused": ("requests refused with 429 (the engine and its queue were full)",
-                                        lambda: serving.refused),
-            "streamrft_serve_weight_swaps": ("weights versions swapped in", lambda: serving.swaps),
-            "streamrft_serve_swap_pause_seconds_max": ("the longest admission pause for a swap",
-                                                       lambda: serving.swap_pause_s),
-            "streamrft_serve_pending": ("completions waiting for feedback", lambda: len(self.pending)),
-            "streamrft_serve_pending_expired": ("completions dropped without feedback after serve.pending_ttl_s",
-                                                lambda: self.pending.expired),
-            "streamrft_serve_pending_evicted": ("completions dropped without feedback to keep serve.max_pending",
-                                                lambda: self.pending.evicted),
-            "streamrft_serve_receipts": ("feedback receipts known (this server's and others')",
-                                         lambda: len(self.receipts)),
-            "streamrft_serve_conversation_responses": ("rewarded responses held until their conversation ends",
-                                                       lambda: len(conversations)),
-            "streamrft_serve_conversations_expired": ("rewarded responses of conversations that never ended",
-                                                      lambda: conversations.expired),
+        self.c_requests = prometheus_metric("streamrft_serve_requests", registry)
+        self.c_tokens = prometheus_metric("streamrft_serve_generated_tokens", registry)
+        gauges = {  # what each reads; their meanings are declared in streamrft/metric_catalog
+            "streamrft_serve_running": lambda: serving.running,
+            "streamrft_serve_waiting": lambda: serving.waiting,
+            "streamrft_serve_batch_size": lambda: serving.last_batch,
+            "streamrft_serve_batch_size_max": lambda: serving.largest_batch,
+            "streamrft_serve_engine_steps": lambda: serving.steps,
+            "streamrft_serve_cancelled": lambda: serving.cancelled,
+            "streamrft_serve_timed_out": lambda: serving.timed_out,
+            "streamrft_serve_refused": lambda: serving.refused,
+            "streamrft_serve_weight_swaps": lambda: serving.swaps,
+            "streamrft_serve_swap_pause_seconds_max": lambda: serving.swap_pause_s,
+            "streamrft_serve_pending": lambda: len(self.pending),
+            "streamrft_serve_pending_expired": lambda: self.pending.expired,
+            "streamrft_serve_pending_evicted": lambda: self.pending.evicted,
+            "streamrft_serve_receipts": lambda: len(self.receipts),
+            "streamrft_serve_conversation_responses": lambda: len(conversations),
+            "streamrft_serve_conversations_expired": lambda: conversations.expired,
         }
-        for name, (doc, read) in gauges.items():
-            Gauge(name, doc, registry=registry).set_function(read)
+        for name, read in gauges.items():
+            prometheus_metric(name, registry).set_function(read)
 
     @property
     def version(self) -> int:

@@ -2,26 +2,19 @@
 which go with the next step's metrics."""
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
-
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.runtime import RoleRuntime
 
 
 class TrainerMetrics:
     def __init__(self, runtime: RoleRuntime, port: int | None):
         registry = runtime.registry
-        self.step = Gauge("streamrft_trainer_step", "trainer steps done (= version of the weights)",
-                          registry=registry)
-        self.published = Gauge("streamrft_trainer_published_version", "last published weights version",
-                               registry=registry)
-        self.buffered = Gauge("streamrft_trainer_buffered_experiences", "read but not yet trained",
-                              registry=registry)
-        self.step_seconds = Gauge("streamrft_trainer_step_seconds", "duration of the last optimiser step",
-                                  registry=registry)
-        self.trained = Counter("streamrft_trainer_experiences_trained", "experiences trained on",
-                               registry=registry)
-        self.dropped = Counter("streamrft_trainer_experiences_dropped", "experiences dropped, by reason",
-                               ["reason"], registry=registry)
+        self.step = prometheus_metric("streamrft_trainer_step", registry)
+        self.published = prometheus_metric("streamrft_trainer_published_version", registry)
+        self.buffered = prometheus_metric("streamrft_trainer_buffered_experiences", registry)
+        self.step_seconds = prometheus_metric("streamrft_trainer_step_seconds", registry)
+        self.trained = prometheus_metric("streamrft_trainer_experiences_trained", registry)
+        self.dropped = prometheus_metric("streamrft_trainer_experiences_dropped", registry)
         runtime.serve(port)
         self.dropped_stale = self.dropped_incomplete = 0  # since the last step's metrics
         self.passed_over = 0  # since the start

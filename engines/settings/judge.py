@@ -28,8 +28,10 @@ class JudgeSettings(BaseModel):
     system_prompt: str = Field(default="", description="a system message before the prompt (none when empty)")
     score_pattern: str = Field(default=DEFAULT_PATTERN,
                                description="regex; its last match's first group is the score")
-    min_score: float = 0.0
-    max_score: float = 10.0
+    min_score: float = Field(default=0.0, description="the lowest score the judge may give (reward 0); a score "
+                                                      "outside [min_score, max_score] fails the reward")
+    max_score: float = Field(default=10.0, description="the highest score the judge may give (reward 1); above "
+                                                       "min_score")
     pass_score: float | None = Field(default=None, description="scores from here on count as correct; default "
                                                                "max_score")
     max_tokens: int = Field(default=64, ge=1, description="the judge's answer length")

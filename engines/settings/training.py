@@ -73,13 +73,15 @@ class OptimizerSettings(EngineSettings):
     """AdamW, its learning-rate schedule, batching and precision (``trainer.<key>`` in a run's YAML), and the
     critic's own (``trainer.critic``)."""
 
-    lr: float = Field(default=1e-6, gt=0)
-    weight_decay: float = Field(default=0.0, ge=0)
+    lr: float = Field(default=1e-6, gt=0, description="AdamW learning rate (the peak of warmup_cosine)")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay")
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW β1, β2, each in [0, 1)")
-    adam_eps: float = Field(default=1e-8, gt=0)
+    adam_eps: float = Field(default=1e-8, gt=0, description="AdamW ε, added to the denominator for stability")
     max_grad_norm: float | None = Field(default=1.0, gt=0,
                                         description="clip the gradient norm; null = no clipping (still reported)")
-    lr_schedule: Literal["constant", "warmup_cosine"] = "constant"
+    lr_schedule: Literal["constant", "warmup_cosine"] = Field(
+        default="constant", description="constant (after warmup_steps) or warmup_cosine (linear warm-up, then a "
+                                        "cosine decay to min_lr_ratio · lr at total_steps)")
     warmup_steps: int = Field(default=0, ge=0, description="linear warm-up, for both schedules")
     total_steps: int | None = Field(default=None, ge=1,
                                     description="optimiser steps to train (the trainer stops there); the cosine "
@@ -102,7 +104,9 @@ class OptimizerSettings(EngineSettings):
                                         "flash-attn package and a GPU; null = transformers' default (sdpa)"))
     mixed_precision: Literal["auto", "bf16", "no"] = Field(
         default="auto", description="bf16 autocast of the forward/backward (master weights and optimizer stay "
-                                    "fp32); auto = bf16 on CUDA, fp32 on CPU; bf16 also pays on CPUs with AMX")
+                                    "fp32); auto = bf16 on CUDA, and on a CPU where a probe at start measures "
+                                    "bf16 matmuls at least 1.3x as fast as fp32 (bf16 matrix units: "
+                                    "AVX512-BF16, AMX), else fp32")
     gradient_checkpointing: bool = Field(default=False,
                                          description="recompute activations in the backward: less memory, slower")
     critic: CriticSettings = Field(default=CriticSettings(),
@@ -151,10 +155,16 @@ class OptimizerSettings(EngineSettings):
 class AlgorithmSettings(EngineSettings):
     """Advantages, policy loss, KL and importance sampling (``trainer.algorithm.<key>`` in a run's YAML)."""
 
-    advantage: AdvantageName = "grpo"
+    advantage: AdvantageName = Field(
+        default="grpo", description="the advantage estimator: a name in the registry of "
+                                    "engines/algorithms/catalog.py (grpo, rloo, gae, ...; docs/algorithms.md) or "
+                                    "a plugin's (entry point streamrft.advantages)")
     advantage_params: dict[str, Any] = Field(default_factory=dict,
                                              description="keyword arguments of the advantage function")
-    policy_loss: PolicyLossName = "ppo_clip"
+    policy_loss: PolicyLossName = Field(
+        default="ppo_clip", description="the policy loss: a name in the registry of engines/algorithms/catalog.py "
+                                        "(ppo_clip, gspo, cispo, ...) or a plugin's (entry point "
+                                        "streamrft.policy_losses)")
     policy_loss_params: dict[str, Any] = Field(default_factory=dict,
                                                description="keyword arguments of the policy loss (sapo: tau_pos, "
                                                            "tau_neg; opmd: tau; topr: threshold)")
@@ -173,22 +183,28 @@ class AlgorithmSettings(EngineSettings):
     gigpo_step_weight: float = Field(default=1.0, ge=0, description="advantage gigpo: ω, the weight of the "
                                                                      "step-level (anchor-state) advantage added to "
                                                                      "the episode-level one")
-    loss_agg: LossAggregationName = "token-mean"
+    loss_agg: LossAggregationName = Field(
+        default="token-mean", description="how per-token losses become one: token-mean (the mean over tokens), "
+                                          "seq-mean-token-sum, seq-mean-token-mean, or a plugin's")
     entropy_coef: float = Field(default=0.0, description="entropy bonus: loss −= entropy_coef · agg(entropy)")
     kl_coef: float = Field(default=0.0, ge=0, description="KL as a loss term: loss += kl_coef · agg(KL(π‖π_ref))")
-    kl_estimator: KlEstimatorName = "k3"
+    kl_estimator: KlEstimatorName = Field(default="k3", description="estimator of the KL loss term (k1, k2, k3; "
+                                                                 "Schulman's approximations)")
     kl_penalty_coef: float = Field(default=0.0, ge=0, description="KL as a reward penalty before advantages")
-    kl_penalty_estimator: KlEstimatorName = "k1"
+    kl_penalty_estimator: KlEstimatorName = Field(default="k1", description="estimator of the KL reward penalty "
+                                                                         "(k1, k2, k3)")
     kl_ctrl: Literal["fixed", "adaptive"] = Field(
         default="fixed", description="adaptive: kl_penalty_coef is the initial coefficient, moved after each step "
                                      "toward target_kl (Ziegler et al. 2019; veRL kl_ctrl.type)")
     target_kl: float = Field(default=0.1, gt=0, description="adaptive kl_ctrl: the per-token KL to hold")
     kl_horizon: int = Field(default=10_000, ge=1, description="adaptive kl_ctrl: samples over which the "
                                                                "coefficient closes the gap to target_kl")
-    # True: the PPO ratio's denominator is the trainer's own logprob under the weights before the step (taken from
-    # the training forward when the batch trains one update, else by one more forward pass: training/proximal.py);
-    # False: the rollout engine's logprobs are used (exact up to numerics when rollouts are on-policy).
-    recompute_old_logprobs: bool = True
+    # the first forward of a batch that trains one update gives the old logprobs for free; more updates cost one
+    # more forward pass (training/proximal.py)
+    recompute_old_logprobs: bool = Field(
+        default=True, description="true: the PPO ratio's denominator is the trainer's own logprob under the "
+                                  "weights before the step; false: the rollout engine's logprobs (exact up to "
+                                  "numerics when rollouts are on-policy)")
     tis: bool = Field(default=False, description="the importance correction (is_correction) on every experience "
                                                  "(rollout/trainer mismatch); stale ones always get it")
     is_correction: ImportanceCorrectionName = Field(

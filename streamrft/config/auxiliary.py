@@ -24,9 +24,12 @@ class AuxiliaryModelConfig(Section):
     that serves ``model`` (an id), and needs a local ``tokenizer`` directory only for its token bookkeeping
     (default: the policy's, ``model.path``)."""
 
-    engine: Literal["transformers", "vllm", "openai"] = "transformers"
+    engine: Literal["transformers", "vllm", "openai"] = Field(
+        default="transformers", description="transformers or vllm: loaded in each rollout worker's process; "
+                                            "openai: an OpenAI-compatible endpoint at base_url")
     model: str = Field(min_length=1, description="a model directory; engine openai: the id the endpoint serves")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="the weights' dtype (transformers, vllm); auto = the checkpoint's own")
     device: str = Field(default="auto", description="transformers: its torch device; vllm: auto or the build's")
     max_batch_size: int = Field(default=32, ge=1, description="sequences generated together (vLLM: max_num_seqs; "
                                                              "openai: concurrent requests)")

@@ -37,7 +37,7 @@ def explain(exc: ValidationError, source: str, model: type[BaseModel]) -> Config
         value = err.get("input")
         message = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            message = "unknown key; check its spelling against the configuration reference in README.md"
+            message = "unknown key; check its spelling against docs/reference/configuration.md"
         elif err["type"] == "missing":
             message = "required key is missing; add it"
         hidden = err["type"] == "missing" or not isinstance(value, SHOWN_TYPES) or is_secret(model, loc)

@@ -16,20 +16,35 @@ EMBEDDED_REGISTRY = "embedded"  # schema_registry.url that starts the embedded r
 class KafkaConfig(Section):
     """Connection settings. An empty ``bootstrap_servers`` means: start the embedded broker."""
 
-    bootstrap_servers: str = ""
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_ca_location: str | None = None
-    # a credentials file (streamrft/credentials.py) instead of the four keys above: what `streamrft run` hands
-    # each role, so no password is in a config file or an environment
-    credentials_file: str | None = None
-    # librdkafka properties passed through as-is; explicit settings above and the client layer's own
-    # guarantees (acks, idempotence, isolation level) win over these.
-    producer: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    consumer: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    admin: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    bootstrap_servers: str = Field(
+        default="", description="host:port[,host:port...] of the Kafka cluster; empty = `streamrft run` starts the "
+                                "embedded broker (the broker section) and hands every role its address")
+    security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="librdkafka security.protocol; SASL_* needs sasl_mechanism and, for PLAIN "
+                                         "and SCRAM, a username and password")
+    sasl_mechanism: SaslMechanism | None = Field(default=None,
+                                                 description="librdkafka sasl.mechanism; required by SASL_* protocols")
+    sasl_username: str | None = Field(default=None, description="the SASL principal (PLAIN, SCRAM)")
+    sasl_password: SecretStr | None = Field(
+        default=None, description="the SASL principal's password; set it through the environment "
+                                  "(STREAMRFT_KAFKA__SASL_PASSWORD) or credentials_file, not in a config file")
+    ssl_ca_location: str | None = Field(default=None, description="PEM file of the CA that signed the brokers' "
+                                                                  "certificates (SSL, SASL_SSL); none = the system's")
+    credentials_file: str | None = Field(
+        default=None, description="a credentials file (streamrft/credentials.py) giving the principal and its "
+                                  "connection instead of the sasl_* keys: what `streamrft run` hands each role "
+                                  "of a secured run, so no password is in a config file or an environment")
+    # the client layer's own guarantees (acks, idempotence, isolation level) win over these pass-throughs, so a
+    # property here cannot weaken exactly-once delivery
+    producer: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="librdkafka producer properties passed through as-is (e.g. linger.ms); "
+                                          "the keys above and the client layer's guarantees win over them")
+    consumer: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="librdkafka consumer properties passed through as-is (e.g. "
+                                          "fetch.max.bytes); the keys above and the client layer's guarantees win")
+    admin: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="librdkafka admin-client properties passed through as-is; the keys above "
+                                          "win over them")
 
     @property
     def embedded(self) -> bool:
@@ -90,9 +105,16 @@ class SchemaRegistryConfig(Section):
     """When ``url`` is set, records are framed in the Confluent wire format through the registry, so tools
     such as Kafka UI show them decoded; otherwise Avro single-object encoding, which needs no registry."""
 
-    url: str = ""
-    basic_auth_user_info: SecretStr | None = None
-    auto_register_schemas: bool = True
+    url: str = Field(
+        default="", description="http(s):// address of a Confluent-compatible schema registry; `embedded` = "
+                                "`streamrft run` starts Apicurio Registry on loopback; empty = no registry (Avro "
+                                "single-object encoding)")
+    basic_auth_user_info: SecretStr | None = Field(
+        default=None, description="USER:PASSWORD for the registry's HTTP basic auth; set it through the "
+                                  "environment (STREAMRFT_SCHEMA_REGISTRY__BASIC_AUTH_USER_INFO)")
+    auto_register_schemas: bool = Field(
+        default=True, description="producers register a schema the registry does not know yet; false = only "
+                                  "schemas registered beforehand may be written")
     embedded_version: str = Field(default="3.0.9", pattern=r"^[0-9][0-9A-Za-z.\-]*$",
                                   description="url: embedded: the Apicurio Registry release to run (3.0.x runs on "
                                               "Java 17; later ones need Java 21)")
@@ -133,17 +155,23 @@ class EmbeddedBrokerConfig(Section):
     """The KRaft broker streamrft starts when ``kafka.bootstrap_servers`` is empty: one node, or ``nodes`` of them
     as a replicated cluster on loopback (streamrft/broker/)."""
 
-    kafka_version: str = "4.1.1"
-    # 1: one node. 3 (to MAX_NODES): a cluster, every node broker and KRaft controller in its own JVM with its own
-    # data dir and ports; topics get replication factor min(3, nodes) and min.insync.replicas 2
-    nodes: int = 1
-    # none: PLAINTEXT, anyone on this machine may do anything; sasl_scram: SCRAM-SHA-512 users and ACLs (each role
-    # of `streamrft run` its own principal); sasl_scram_tls: the same over TLS (streamrft/broker/security.py)
-    security: Literal["none", "sasl_scram", "sasl_scram_tls"] = "none"
-    data_dir: str | None = None  # None: a fresh temporary directory, deleted at stop
-    keep_data: bool = False
-    heap: str = "512m"  # per node
-    start_timeout_s: float = Field(default=90.0, gt=0)
+    kafka_version: str = Field(default="4.1.1", description="the Apache Kafka release whose jars run the broker "
+                                                             "(fetched with Maven on first use)")
+    nodes: int = Field(
+        default=1, description="1: one node; 3 to 5: a replicated cluster on loopback, each node a broker and KRaft "
+                               "controller in its own JVM with its own data dir and ports; topics then get "
+                               "replication factor min(3, nodes) and min.insync.replicas 2")
+    security: Literal["none", "sasl_scram", "sasl_scram_tls"] = Field(
+        default="none", description="none: PLAINTEXT, anyone on this machine may do anything; sasl_scram: "
+                                    "SCRAM-SHA-512 users and ACLs, each role of `streamrft run` its own principal; "
+                                    "sasl_scram_tls: the same over TLS (streamrft/broker/security.py)")
+    data_dir: str | None = Field(default=None, description="the nodes' data directory; none = a fresh temporary "
+                                                           "one")
+    keep_data: bool = Field(default=False, description="keep the data directory when the broker stops, for the "
+                                                       "next start to reuse; false = it is deleted, given or not")
+    heap: str = Field(default="512m", description="JVM -Xmx of each node, e.g. 512m or 2g")
+    start_timeout_s: float = Field(default=90.0, gt=0, description="seconds to wait for the broker (every node) "
+                                                                   "to accept clients before giving up")
 
     @field_validator("nodes")
     @classmethod

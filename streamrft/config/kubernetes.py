@@ -12,7 +12,8 @@ _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
 
 class KubernetesConfig(Section):
-    namespace: str = Field(default="streamrft", pattern=_DNS_LABEL)
+    namespace: str = Field(default="streamrft", pattern=_DNS_LABEL, description="the namespace of the run's "
+                                                                              "manifests")
     image: str = Field(default="streamrft:latest", min_length=1, description="the image of compose/Dockerfile")
     kafka_cluster: str = Field(default="streamrft", pattern=_DNS_LABEL,
                                description="name of the Strimzi Kafka resource the run's topics belong to")
@@ -35,9 +36,11 @@ class KubernetesConfig(Section):
                                                   "lets it reach the roles' metrics port, nothing else")
     run_as_user: int = Field(default=1000, ge=1, le=2**31 - 1,
                              description="uid (and gid) every container runs as: the image's non-root user")
-    trainer_gpus: int = Field(default=1, ge=0)
-    rollout_gpus: int = Field(default=1, ge=0)
-    rollout_min_replicas: int = Field(default=1, ge=0)
+    trainer_gpus: int = Field(default=1, ge=0, description="GPUs of the trainer pod (nvidia.com/gpu), a rank "
+                                                           "on each: equal to trainer.nproc unless 0 (CPU)")
+    rollout_gpus: int = Field(default=1, ge=0, description="GPUs of each rollout worker pod (nvidia.com/gpu)")
+    rollout_min_replicas: int = Field(default=1, ge=0, description="the fewest rollout workers KEDA scales to; 0 = "
+                                                                   "none while rollouts has no lag")
     rollout_max_replicas: int | None = Field(
         default=None, ge=1, description="default and upper bound: the rollouts topic's partitions (a member "
                                         "beyond them would get no partition; KEDA caps it there too)")

@@ -12,6 +12,7 @@ from streamrft.engines.settings.training import AlgorithmSettings, OptimizerSett
 
 from .base import Section
 from .dynamic_sampling import DynamicSamplingConfig
+from .engine_choice import resolve_auto_engine
 from .object_store import S3Config, check_s3_store, is_s3_url
 from .supervision import RestartConfig
 from .tasksets import TasksetConfig, check_tasksets
@@ -22,17 +23,27 @@ class ModelConfig(Section):
     """The policy. ``path`` is a local Hugging Face model directory, or ``smollm2-135m`` for the demo model
     prepared by ``streamrft model prepare smollm2-135m``."""
 
-    path: str = "smollm2-135m"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    path: str = Field(default="smollm2-135m",
+                      description="the policy: a local Hugging Face model directory, or smollm2-135m (the demo model "
+                                  "of `streamrft model prepare smollm2-135m`)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="the weights' dtype in the rollout engines and the trainer; auto = the "
+                                    "checkpoint's own")
     lora: LoraSettings | None = Field(default=None, description="train LoRA adapters (peft) instead of the whole "
                                       "model; only the adapters are checkpointed and published")
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(default=1.0, ge=0)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = 0
-    max_tokens: int = Field(default=64, ge=1)
+    """``rollout.sampling``: how the rollout engines sample a training or eval response."""
+
+    temperature: float = Field(default=1.0, ge=0, description="softmax temperature of the rollouts; 0 = greedy "
+                                                              "(the trainer divides logits by it too)")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="nucleus sampling: keep the smallest set of tokens "
+                                                              "whose probability reaches top_p; 1 = off")
+    top_k: int = Field(default=0, description="sample among the k likeliest tokens; 0 = off (vllm and openai "
+                                              "engines need 0)")
+    max_tokens: int = Field(default=64, ge=1, description="response tokens per sample; a sample cut here is "
+                                                          "truncated")
     seed: int | None = Field(default=None, description="reproducible rollouts: a request's samples are seeded from "
                                                        "(seed, request_id), whichever worker runs it")
 
@@ -41,52 +52,63 @@ class OverRolloutConfig(Section):
     """Finish a step after ceil((1 − ratio) · batch_size) results; the rest are cancelled and reported as
     CANCELLED. ``wait_after_min_s`` gives stragglers a grace period once the minimum has arrived."""
 
-    ratio: float = Field(default=0.0, ge=0, lt=1)
-    wait_after_min_s: float = Field(default=0.0, ge=0)
+    ratio: float = Field(default=0.0, ge=0, lt=1, description="share of a step's tasks whose results the step may "
+                                                              "finish without; 0 = wait for every result")
+    wait_after_min_s: float = Field(default=0.0, ge=0, description="seconds the step still waits for stragglers "
+                                                                   "once the minimum of results has arrived")
 
 
 class TaskFile(Section):
     """A task file (JSONL, JSON array, CSV, Parquet) and how its rows map onto tasks."""
 
-    path: str
-    workflow: str = "arithmetic"
-    prompt_key: str = "question"
-    answer_key: str | None = "answer"
-    taskset: str | None = None  # default: the file name without suffix
+    path: str = Field(description="the task file")
+    workflow: str = Field(default="arithmetic", description="the workflow every task of the file runs (its "
+                                                            "registered name)")
+    prompt_key: str = Field(default="question", description="the row's column that holds the prompt")
+    answer_key: str | None = Field(default="answer", description="the row's column that holds the reference "
+                                                                 "answer; none = the tasks have none")
+    taskset: str | None = Field(default=None, description="the tasks' taskset name; default the file name "
+                                                          "without its suffix")
 
 
 class EvalTaskset(TaskFile):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    repeat_times: int = Field(default=1, ge=1)
-    max_tasks: int | None = Field(default=None, ge=1)
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the eval taskset's name, in its metrics and "
+                                                                "request ids")
+    repeat_times: int = Field(default=1, ge=1, description="samples per eval task")
+    max_tasks: int | None = Field(default=None, ge=1, description="evaluate the first this many tasks of the file; "
+                                                                  "none = all")
 
 
 class DataFile(Section):
     """A chat or preference file (JSONL, JSON array, CSV, Parquet) that ``streamrft run`` produces to
     ``experiences`` as supervised experiences, as ``streamrft data produce FILE --as OBJECTIVE`` does."""
 
-    path: str
+    path: str = Field(description="the data file")
     objective: Literal["sft", "dpo"] = Field(description="sft: conversations (messages, or prompt + completion); "
                                                          "dpo: preference pairs (prompt, chosen, rejected)")
     dataset: str | None = Field(default=None, description="prefix of the experiences' ids; default the file name")
-    messages_key: str = "messages"
-    prompt_key: str = "prompt"
-    completion_key: str = "completion"
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
+    messages_key: str = Field(default="messages", description="sft: the column of a conversation's chat messages")
+    prompt_key: str = Field(default="prompt", description="the prompt's column (sft without messages, dpo)")
+    completion_key: str = Field(default="completion", description="sft: the completion's column (without messages)")
+    chosen_key: str = Field(default="chosen", description="dpo: the preferred response's column")
+    rejected_key: str = Field(default="rejected", description="dpo: the other response's column")
 
 
 class LaunchConfig(Section):
     """What ``streamrft run`` starts on this machine."""
 
-    rollout_workers: int = Field(default=1, ge=0)
-    task_files: tuple[TaskFile, ...] = ()
+    rollout_workers: int = Field(default=1, ge=0, description="rollout worker processes `streamrft run` starts "
+                                                              "here (more can join from elsewhere: one consumer "
+                                                              "group)")
+    task_files: tuple[TaskFile, ...] = Field(default=(), description="task files produced to the tasks topic "
+                                                                     "before the roles start")
     data_files: tuple[DataFile, ...] = Field(
         default=(), description="supervised data produced to experiences before the roles start (trainer.mix, "
                                 "mode: train)")
     rollout_metrics_port_base: int = Field(default=9110, ge=0,
                                            description="worker i exposes Prometheus on base + i (0 = any)")
-    dashboard_refresh_s: float = Field(default=2.0, gt=0)
+    dashboard_refresh_s: float = Field(default=2.0, gt=0, description="seconds between redraws of `streamrft "
+                                                                      "run`'s live dashboard")
     metrics_port: int | None = Field(default=9104, ge=0, le=65535,
                                      description="the launcher's Prometheus endpoint (role restarts, roles up) on "
                                                  "metrics_host; 0 = any free port, null = off")
@@ -99,12 +121,16 @@ class SelectorConfig(Section):
     ``block_steps`` steps' tasks (seeded, so a restart reproduces it); ``difficulty`` orders each block by the
     pass rate seen so far, hardest-but-learnable (closest to 0.5) first."""
 
-    kind: Literal["sequential", "shuffle", "difficulty"] = "sequential"
-    block_steps: int = Field(default=4, ge=1)
-    seed: int = 0
+    kind: Literal["sequential", "shuffle", "difficulty"] = Field(
+        default="sequential", description="the order of the tasks topic's tasks: sequential, shuffle (seeded, "
+                                          "per block) or difficulty (pass rate closest to 0.5 first)")
+    block_steps: int = Field(default=4, ge=1, description="steps' worth of tasks read and reordered together")
+    seed: int = Field(default=0, description="seed of shuffle")
 
 
 class ExplorerConfig(Section):
+    """``explorer``: the steps of a run (tasks per step, samples per task), their evaluation and pacing."""
+
     batch_size: int = Field(default=8, ge=1, description="tasks per step")
     repeat_times: int = Field(default=4, ge=1, description="samples per task (GRPO group size)")
     total_epochs: int | None = Field(default=1, ge=1, description="passes over the tasks topic; null = stream")
@@ -115,15 +141,19 @@ class ExplorerConfig(Section):
         description="steps published whose results are still being collected; more than 1 lets the explorer run "
                     "ahead (fully_async, trainer_driven, explore mode) while pacing still bounds it: at most "
                     "sync.max_staleness + 1 steps are in flight when the explorer paces on a trainer")
-    over_rollout: OverRolloutConfig = OverRolloutConfig()
-    eval_interval: int | None = Field(default=None, ge=1)
+    over_rollout: OverRolloutConfig = Field(default=OverRolloutConfig(),
+                                            description="finishing a step before all its results are in")
+    eval_interval: int | None = Field(default=None, ge=1, description="evaluate on eval_tasksets after every this "
+                                                                      "many steps; none = no periodic eval")
     eval_on_start: bool = Field(default=False, description="evaluate the base model (the weights of step 0) "
                                                            "before training; its metrics are at step -1")
-    eval_tasksets: tuple[EvalTaskset, ...] = ()
+    eval_tasksets: tuple[EvalTaskset, ...] = Field(default=(), description="task files evaluated without "
+                                                                           "training on them (kind EVAL)")
     tasksets: tuple[TasksetConfig, ...] = Field(
         default=(), description="training tasksets mixed by weight, each from a file or a topic "
                                 "(streamrft/config/tasksets.py); none: the tasks topic in the selector's order")
-    selector: SelectorConfig = SelectorConfig()
+    selector: SelectorConfig = Field(default=SelectorConfig(),
+                                     description="the order of the tasks topic's tasks (without tasksets)")
     step_timeout_s: float = Field(default=1800.0, gt=0,
                                   description="results missing after this long are reported TIMEOUT")
     max_retries: int = Field(default=0, ge=0, le=10,
@@ -133,7 +163,8 @@ class ExplorerConfig(Section):
         default=DynamicSamplingConfig(), description="DAPO: over-sample tasks until a step holds batch_size groups "
                                                      "whose rewards differ (streamrft/config/dynamic_sampling.py)")
     idle_wait_s: float = Field(default=5.0, gt=0, description="end of topic: wait this long for more tasks")
-    metrics_port: int | None = 9101
+    metrics_port: int | None = Field(default=9101, description="the explorer's Prometheus endpoint on "
+                                                               "metrics_host; 0 = any free port, null = off")
 
     @model_validator(mode="after")
     def _tasksets_apart(self) -> "ExplorerConfig":
@@ -174,7 +205,8 @@ class VLLMConfig(Section):
                                                    "(vLLM's VLLM_CPU_KVCACHE_SPACE); default vLLM's choice")
     enforce_eager: bool = Field(default=False, description="no CUDA graphs or compilation: faster start, "
                                                            "slower decoding")
-    seed: int = 0
+    seed: int = Field(default=0, description="vLLM's engine seed (a request with sampling.seed is seeded on its "
+                                             "own)")
 
 
 class SimulatedEngineConfig(Section):
@@ -187,20 +219,29 @@ class SimulatedEngineConfig(Section):
 
 
 class RolloutConfig(Section):
-    engine: Literal["transformers", "vllm", "fake", "simulated", "openai"] = "transformers"
-    device: str = "auto"
+    """``rollout``: the rollout workers: their inference engine, how they batch requests and take new weights."""
+
+    engine: Literal["auto", "transformers", "vllm", "fake", "simulated", "openai"] = Field(
+        default="transformers", description="the inference engine: transformers (any device), vllm (the vllm "
+                                            "extra), auto (vllm where it is installed, else transformers), openai "
+                                            "(a remote endpoint, no weight updates), fake and simulated "
+                                            "(model-free, for tests and benchmarks)")
+    device: str = Field(default="auto", description="torch device of the engine (cpu, cuda, cuda:1); auto = cuda "
+                                                    "when available; vllm: auto or the build's device")
     max_batch_size: int = Field(default=64, ge=1, description="sequences generated together (vLLM: max_num_seqs)")
-    vllm: VLLMConfig = VLLMConfig()
-    openai: OpenAIEngineConfig = OpenAIEngineConfig()
+    vllm: VLLMConfig = Field(default=VLLMConfig(), description="engine vllm: its own options")
+    openai: OpenAIEngineConfig = Field(default=OpenAIEngineConfig(),
+                                       description="engine openai: the endpoint rolled out through")
     batching: Literal["continuous", "batch"] = Field(
         default="continuous", description="continuous: requests join the running engine batch as they are read "
                                           "and commit as each is done; batch: requests_per_batch at a time")
     requests_in_flight: int = Field(default=16, ge=1, description="continuous: requests rolled out at once")
     requests_per_batch: int = Field(default=8, ge=1,
                                     description="batch: requests taken together and committed together")
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: SamplingConfig = Field(default=SamplingConfig(), description="how responses are sampled")
     fake_latency_s: float = Field(default=0.01, ge=0, description="fake engine: seconds per sample")
-    simulated: SimulatedEngineConfig = SimulatedEngineConfig()
+    simulated: SimulatedEngineConfig = Field(default=SimulatedEngineConfig(),
+                                             description="engine simulated: its decode timing")
     weight_update: Literal["drain", "in_flight"] = Field(
         default="drain", description="drain: new weights wait until the running requests are done (no sample "
                                      "spans two versions); in_flight: they load between engine steps and the "
@@ -214,7 +255,15 @@ class RolloutConfig(Section):
     overlong_penalty: OverlongPenalty | None = Field(
         default=None, description="DAPO's soft overlong punishment of training rewards: {buffer_len, "
                                   "penalty_factor} (streamrft/engines/settings/reward_shaping.py); null = off")
-    metrics_port: int | None = 9102
+    metrics_port: int | None = Field(default=9102, description="a worker's Prometheus endpoint on metrics_host "
+                                                               "(`streamrft run` gives worker i "
+                                                               "launch.rollout_metrics_port_base + i); 0 = any free "
+                                                               "port, null = off")
+
+    @field_validator("engine")
+    @classmethod
+    def _settle_auto(cls, engine: str) -> str:
+        return resolve_auto_engine() if engine == "auto" else engine
 
     @model_validator(mode="after")
     def _overlong_within_max_tokens(self) -> "RolloutConfig":
@@ -231,12 +280,20 @@ class AlgorithmConfig(AlgorithmSettings, Section):
 
 
 class WeightSyncConfig(Section):
-    method: Literal["object_store", "collective"] = "object_store"
+    """``trainer.weights``: how published weights reach the rollout workers and serve mode."""
+
+    method: Literal["object_store", "collective"] = Field(
+        default="object_store", description="object_store: safetensors shards and a manifest written to url, "
+                                            "loaded by each worker; collective: a torch.distributed broadcast "
+                                            "(NCCL on GPU, gloo on CPU) from the trainer")
     url: str = Field(default="", description="fsspec URL for object_store; empty = <checkpoint_dir>/weights")
     s3: S3Config = Field(default=S3Config(), description="url s3://...: the endpoint, region and access key "
                                                          "every role reaches the store with")
-    keep_last: int = Field(default=3, ge=1)
-    shard_mb: int = Field(default=512, ge=1)
+    keep_last: int = Field(default=3, ge=1, description="published versions kept in the object store; older "
+                                                        "ones are deleted (`streamrft bench` evaluates the kept "
+                                                        "ones)")
+    shard_mb: int = Field(default=512, ge=1, description="the largest safetensors shard of a published version, "
+                                                         "in MiB")
     bucket_mb: int = Field(default=64, ge=1, description="collective: broadcast bucket size")
     collective_receivers: int = Field(default=1, ge=0,
                                       description="collective: receivers the first broadcast waits for (up to "
@@ -325,16 +382,21 @@ class TrainerConfig(OptimizerSettings, Section):
 
     train_batch_size: int | None = Field(default=None, ge=1,
                                          description="experiences per step; default batch_size × repeat_times")
-    algorithm: AlgorithmConfig = AlgorithmConfig()
+    algorithm: AlgorithmConfig = Field(default=AlgorithmConfig(), description="advantage, policy loss, KL and "
+                                                                              "importance sampling")
     staleness_policy: Literal["drop", "importance_weight"] = Field(
         default="drop", description="stale experiences: drop them, or keep them importance-weighted (truncated IS)")
-    group_timeout_s: float = Field(default=600.0, gt=0)
-    save_interval: int = Field(default=10, ge=1)
+    group_timeout_s: float = Field(default=600.0, gt=0, description="a group still incomplete this many seconds "
+                                                                    "after its first experience came is dropped "
+                                                                    "(counted and logged)")
+    save_interval: int = Field(default=10, ge=1, description="checkpoint every this many optimiser steps (and at "
+                                                             "the end)")
     checkpoint_dir: str = Field(default="runs/{name}/checkpoints", min_length=1, max_length=4096,
                                 description="a local directory, or s3://bucket/prefix (reached with "
                                             "trainer.weights.s3; trainer.weights.url must then be s3:// too)")
-    keep_checkpoints: int = Field(default=2, ge=1)
-    weights: WeightSyncConfig = WeightSyncConfig()
+    keep_checkpoints: int = Field(default=2, ge=1, description="checkpoints kept; older ones are deleted")
+    weights: WeightSyncConfig = Field(default=WeightSyncConfig(), description="how published weights reach the "
+                                                                              "workers and serve mode")
     device: str = Field(default="auto", description="torch device of the policy; auto = cuda when available")
     nproc: int = Field(default=1, ge=1,
                        description="trainer processes on this machine (one per GPU; gloo on CPU): streamrft run "
@@ -345,7 +407,8 @@ class TrainerConfig(OptimizerSettings, Section):
                                     "parameters, gradients and optimizer state; ddp = a full replica on each")
     mix: MixConfig = Field(default=MixConfig(), description="supervised rows mixed into each RL batch, by "
                                                             "objective (sft, dpo): their share of the batch's rows")
-    metrics_port: int | None = 9103
+    metrics_port: int | None = Field(default=9103, description="the trainer's Prometheus endpoint on "
+                                                               "metrics_host; 0 = any free port, null = off")
 
     @model_validator(mode="after")
     def _s3_checkpoints(self) -> "TrainerConfig":
@@ -382,10 +445,15 @@ class TrainerConfig(OptimizerSettings, Section):
 
 
 class MonitorConfig(Section):
-    output_dir: str = "runs/{name}"
+    """``monitor``: where the metrics of every role go (CSV files, Prometheus, experiment trackers)."""
+
+    output_dir: str = Field(default="runs/{name}", description="directory of metrics.csv, steps.csv and the "
+                                                               "trackers' files; {name} is the run's name")
     tensorboard: bool = Field(default=True, description="false turns TensorBoard off even when trackers lists it "
                                                         "(the switch of configs older than trackers)")
-    metrics_port: int | None = 9100
+    metrics_port: int | None = Field(default=9100, description="the monitor's Prometheus endpoint (a gauge per "
+                                                               "metric name) on metrics_host; 0 = any free port, "
+                                                               "null = off")
     trackers: tuple[TrackerName, ...] = Field(
         default=("tensorboard",),
         description="experiment trackers that get every metric, the run's config and the eval table: tensorboard "

@@ -29,36 +29,57 @@ if TYPE_CHECKING:
     from streamrft.credentials import Credential
 
 class RunConfig(Section):
-    name: str = Field(default="demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    topic_prefix_override: str | None = Field(default=None, alias="topic_prefix")
+    """A run: its name, which roles it has, and one section per component."""
+
+    name: str = Field(default="demo", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                      description="the run's name: its topics' prefix (rft.<name>.), its consumer groups "
+                                  "(<name>.<role>) and its directories; a new name is a new run, the same name "
+                                  "resumes it")
+    topic_prefix_override: str | None = Field(default=None, alias="topic_prefix",
+                                              description="prefix of the run's topic names; default rft.<name>.")
     mode: Literal["both", "explore", "train"] = Field(
         default="both", description="the roles the run has (streamrft/run_shape.py): both: explorer, rollout "
                                     "workers and trainer, the explorer paced on the trainer; explore: no trainer "
                                     "(data generation, evaluation of a fixed model), never waiting for one; train: "
                                     "no explorer and no rollout workers, the trainer alone on the supervised "
-                                    "experiences (streamrft data produce) of experiences")
+                                    "experiences in the experiences topic (`streamrft data produce`)")
     metrics_host: str = Field(default="127.0.0.1", min_length=1, pattern=r"^[A-Za-z0-9.:_-]+$",
                               description="address every role's Prometheus endpoint binds (the endpoints have no "
                                           "authentication): loopback by default, 0.0.0.0 for a scraper elsewhere")
-    kafka: KafkaConfig = KafkaConfig()
-    schema_registry: SchemaRegistryConfig = SchemaRegistryConfig()
-    topics: TopicsConfig = TopicsConfig()
-    broker: EmbeddedBrokerConfig = EmbeddedBrokerConfig()
-    model: ModelConfig = ModelConfig()
-    sync: SyncConfig = SyncConfig()
-    explorer: ExplorerConfig = ExplorerConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    monitor: MonitorConfig = MonitorConfig()
-    serve: ServeConfig = ServeConfig()
-    launch: LaunchConfig = LaunchConfig()
-    limits: LimitsConfig = LimitsConfig()
-    kubernetes: KubernetesConfig = KubernetesConfig()
+    kafka: KafkaConfig = Field(default=KafkaConfig(), description="how every role reaches Kafka: the cluster, "
+                                                                  "security and librdkafka properties")
+    schema_registry: SchemaRegistryConfig = Field(default=SchemaRegistryConfig(),
+                                                  description="an optional schema registry the records are framed "
+                                                              "through")
+    topics: TopicsConfig = Field(default=TopicsConfig(), description="each topic's layout (partitions, "
+                                                                     "replication, retention)")
+    broker: EmbeddedBrokerConfig = Field(default=EmbeddedBrokerConfig(),
+                                         description="the embedded broker started when kafka.bootstrap_servers is "
+                                                     "empty")
+    model: ModelConfig = Field(default=ModelConfig(), description="the policy being trained")
+    sync: SyncConfig = Field(default=SyncConfig(), description="the sync policy: how often weights are published "
+                                                               "and how far the explorer may run ahead of them")
+    explorer: ExplorerConfig = Field(default=ExplorerConfig(), description="the explorer: steps, evaluation, the "
+                                                                           "tasks' order")
+    rollout: RolloutConfig = Field(default=RolloutConfig(), description="the rollout workers: inference engine, "
+                                                                        "sampling, weight updates")
+    trainer: TrainerConfig = Field(default=TrainerConfig(), description="the trainer: optimiser, algorithm, "
+                                                                        "checkpoints, weight publishing")
+    monitor: MonitorConfig = Field(default=MonitorConfig(), description="the monitor: metric files, Prometheus, "
+                                                                        "experiment trackers")
+    serve: ServeConfig = Field(default=ServeConfig(), description="`streamrft serve`: the OpenAI-compatible server "
+                                                                  "whose rated completions become experiences")
+    launch: LaunchConfig = Field(default=LaunchConfig(), description="what `streamrft run` starts on this machine")
+    limits: LimitsConfig = Field(default=LimitsConfig(), description="caps on what one record may ask of the run")
+    kubernetes: KubernetesConfig = Field(default=KubernetesConfig(),
+                                         description="how `streamrft k8s` lays the run out on a cluster")
     auxiliary_models: dict[str, AuxiliaryModelConfig] = Field(
         default_factory=dict, description="models beside the rollout model, by name: a judge, a teacher")
     judge: JudgeConfig | None = Field(default=None, description="how reward_fn judge asks its model; none: the "
                                                                "defaults, with the auxiliary model named judge")
-    distillation: DistillationConfig = DistillationConfig()
+    distillation: DistillationConfig = Field(default=DistillationConfig(),
+                                             description="on-policy distillation from a teacher among "
+                                                         "auxiliary_models")
 
     model_config = Section.model_config | {"populate_by_name": True}
 

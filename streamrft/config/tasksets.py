@@ -26,11 +26,14 @@ class TasksetOrder(Section):
     latest rollout is not rolled out again (DAPO / POLARIS's "skip solved prompts"); or ``learnable``: pass rate
     closest to 0.5 first (what ``explorer.selector.kind: difficulty`` does for the ``tasks`` topic)."""
 
-    kind: Literal["sequential", "shuffle", "field", "difficulty", "learnable"] = "sequential"
+    kind: Literal["sequential", "shuffle", "field", "difficulty", "learnable"] = Field(
+        default="sequential", description="sequential (the source's order), shuffle (seeded, per epoch), field "
+                                          "(by a payload field: a curriculum), difficulty (failed first) or "
+                                          "learnable (pass rate closest to 0.5 first)")
     field: str | None = Field(default=None, description="kind field: the payload field to order by")
-    descending: bool = False
+    descending: bool = Field(default=False, description="kind field: largest value first")
     skip_solved: bool = Field(default=False, description="kind difficulty: skip tasks solved every time")
-    seed: int = 0
+    seed: int = Field(default=0, description="kind shuffle: the seed of each epoch's permutation")
 
     @model_validator(mode="after")
     def _field_named(self) -> "TasksetOrder":
@@ -46,20 +49,27 @@ class TasksetConfig(Section):
     ``topic`` (``tasks``, the run's tasks topic, or another name: the run's topic ``tasks.<name>``; produce to it
     with ``streamrft tasks produce FILE --taskset <name>``)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$", description="the taskset's name, in its tasks' taskset field "
+                                                              "and its metrics")
     weight: float = Field(default=1.0, gt=0, description="share of each step's tasks, relative to the others'")
-    path: str | None = None
-    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$")
-    # how a file's rows become tasks (a topic's tasks carry their own)
-    prompt_key: str = "question"
-    answer_key: str | None = "answer"
-    # applied to every task of the taskset (file or topic) when set
-    workflow: str | None = None
-    reward_fn: str | None = None
-    repeat_times: int | None = Field(default=None, ge=1)
+    path: str | None = Field(default=None, description="source: a task file the explorer reads itself")
+    topic: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]+$",
+                              description="source: tasks (the run's tasks topic) or NAME (the run's topic "
+                                          "tasks.NAME)")
+    prompt_key: str = Field(default="question", description="path: the row's column that holds the prompt (a "
+                                                            "topic's tasks carry their own)")
+    answer_key: str | None = Field(default="answer", description="path: the row's column that holds the reference "
+                                                                 "answer; none = the tasks have none")
+    workflow: str | None = Field(default=None, description="the workflow every task of the taskset runs (file or "
+                                                           "topic); none = each task's own")
+    reward_fn: str | None = Field(default=None, description="the reward every task of the taskset is scored with; "
+                                                            "none = each task's own")
+    repeat_times: int | None = Field(default=None, ge=1, description="samples per task of this taskset; none = "
+                                                                     "the task's own, else explorer.repeat_times")
     epochs: int | None = Field(default=None, ge=1, description="passes over the taskset; default "
                                                                "explorer.total_epochs (null: stream)")
-    order: TasksetOrder = TasksetOrder()
+    order: TasksetOrder = Field(default=TasksetOrder(), description="the order of the taskset's tasks within an "
+                                                                    "epoch")
 
     @model_validator(mode="after")
     def _one_source(self) -> "TasksetConfig":

@@ -30,11 +30,18 @@ _DAY_MS = 24 * 3600 * 1000
 class TopicConfig(Section):
     """Layout of one topic. ``None`` leaves a setting to the broker's default."""
 
-    partitions: int = Field(default=1, ge=1)
-    replication_factor: int = Field(default=-1, description="-1 = the broker's default.replication.factor")
-    retention_ms: int | None = Field(default=None, ge=-1)
-    max_message_bytes: int | None = Field(default=None, ge=1024)
-    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+    partitions: int = Field(default=1, ge=1, description="the topic's partitions: the most consumers of one group "
+                                                         "that get work; raise it before adding readers")
+    replication_factor: int = Field(default=-1, description="copies of each partition; -1 = the broker's "
+                                                            "default.replication.factor")
+    retention_ms: int | None = Field(default=None, ge=-1, description="Kafka retention.ms: how long records are "
+                                                                      "kept; -1 = forever, none = the broker's default")
+    max_message_bytes: int | None = Field(default=None, ge=1024,
+                                          description="Kafka max.message.bytes: the largest record batch the topic "
+                                                      "takes; none = the broker's default")
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = Field(
+        default="delete", description="Kafka cleanup.policy: delete old segments by time, compact to the latest "
+                                      "record per key, or both")
 
     @field_validator("replication_factor")
     @classmethod
@@ -134,4 +141,7 @@ class _TopicsBase(Section):
 
 TopicsConfig = create_model(
     "TopicsConfig", __base__=_TopicsBase, __doc__="``topics:``: each topic's layout (defaults: TOPIC_KINDS).",
-    **{kind.name: (TopicConfig, kind.layout) for kind in TOPIC_KINDS}, dlq=(TopicConfig, DLQ_LAYOUT))
+    **{kind.name: (TopicConfig, Field(default=kind.layout, description=f"layout of the {kind.name} topic: {kind.doc}"))
+       for kind in TOPIC_KINDS},
+    dlq=(TopicConfig, Field(default=DLQ_LAYOUT, description="layout of every dead-letter topic (<topic>.dlq): the "
+                                                            "records a role could not read, each with its reason")))

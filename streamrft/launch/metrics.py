@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+
+from streamrft.metric_catalog import prometheus_metric
 
 from .processes import RoleProcess
 
@@ -16,10 +18,8 @@ class LauncherMetrics:
 
     def __init__(self, roles: Iterable[str], registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.restarts = Counter("streamrft_role_restarts", "role processes restarted by streamrft run after a crash",
-                                ["role"], registry=self.registry)
-        self.up = Gauge("streamrft_role_up", "1 while the role's process runs, 0 once it exited", ["role"],
-                        registry=self.registry)
+        self.restarts = prometheus_metric("streamrft_role_restarts", self.registry)
+        self.up = prometheus_metric("streamrft_role_up", self.registry)
         for role in roles:  # every role is a series from the start, so a first restart is a rise, not a new line
             self.restarts.labels(role=role)
             self.up.labels(role=role).set(0)

@@ -28,12 +28,13 @@ import logging
 from functools import partial
 from typing import Any, Callable, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from streamrft.config import RunConfig
 from streamrft.config.topics import KINDS_BY_NAME
 from streamrft.kafka import KafkaClients, RecordConsumer, TransactionFailed, Transactor
 from streamrft.lifecycle import StopSignal
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.sync import SyncView
 from streamrft.validation import TOPIC_CHECKS
 from streamrft.telemetry import MetricsPublisher, PrometheusEndpoint, serve_prometheus
@@ -69,12 +70,8 @@ class RoleRuntime:
         self.role = role
         self.source = source
         self.registry = CollectorRegistry()
-        self._dead_letters = Counter("streamrft_dead_letters", "records sent to a dead-letter topic",
-                                     ["topic", "reason"], registry=self.registry)
-        self._rejoins = Counter("streamrft_group_rejoins", "times the role went on from what it had committed after "
-                                "a unit could not commit (the group let it go, or the brokers were away): what "
-                                "it had done since is done again",
-                                registry=self.registry)
+        self._dead_letters = prometheus_metric("streamrft_dead_letters", self.registry)
+        self._rejoins = prometheus_metric("streamrft_group_rejoins", self.registry)
         self._closers: list[tuple[str, Callable[[], None]]] = []
         self.producer = clients.producer(transactional_id=transactional_id, client_id=source,
                                          extra=producer_extra)

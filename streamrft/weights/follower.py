@@ -40,7 +40,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine
@@ -52,6 +52,7 @@ from streamrft.engines.weights.locations import check_lineage, check_manifest_ur
 from streamrft.engines.weights.object_store import load_weights, read_manifest
 from streamrft.engines.weights.signal_state import DeliveryState
 from streamrft.lifecycle import StopSignal
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.model_paths import resolve_model_path
 from streamrft.schemas import SyncKind, SyncMethod, SyncSignal
 from streamrft.sync import SyncView, supersedes
@@ -95,9 +96,8 @@ class WeightFollower:
         self._loaded: SyncSignal | None = None  # what the engine serves; None = the weights it was built with
         self.refusals = Refusals(worker_id, registry, retry_initial_s=retry_initial_s, retry_max_s=retry_max_s,
                                  retry_attempts=retry_attempts, clock=clock)
-        self.c_caught_up = Counter("streamrft_rollout_weights_caught_up", "collective versions this worker missed "
-                                   "by broadcast and loaded from the object store", registry=registry)
-        self.g_version = Gauge("streamrft_rollout_model_version", "weights version loaded", registry=registry)
+        self.c_caught_up = prometheus_metric("streamrft_rollout_weights_caught_up", registry)
+        self.g_version = prometheus_metric("streamrft_rollout_model_version", registry)
         self.g_version.set(engine.version)
 
     # -- the worker's calls -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from streamrft.engines.weights.errors import (
     ChecksumRequiredError,
@@ -22,6 +22,7 @@ from streamrft.engines.weights.errors import (
     UnsafeShardNameError,
     WeightFormatError,
 )
+from streamrft.metric_catalog import prometheus_metric
 from streamrft.schemas import SyncSignal
 
 logger = logging.getLogger(__name__)
@@ -124,8 +125,7 @@ class Refusals:
         self._final: OrderedDict[tuple, None] = OrderedDict()
         self._retries: dict[tuple, _Retry] = {}
         self._pending: list[Refusal] = []
-        self.c_refused = Counter("streamrft_rollout_weights_refused", "weight versions refused (every attempt), "
-                                 "by reason", ["reason"], registry=registry)
+        self.c_refused = prometheus_metric("streamrft_rollout_weights_refused", registry)
 
     def final(self, signal: SyncSignal) -> bool:
         """Whether ``signal`` was refused for good."""

@@ -42,7 +42,8 @@ FOLDERS = {folder: package for package, folder in PACKAGES.items()} | {"bench": 
 KAFKA = ("confluent_kafka", "streamrft.kafka", "streamrft.broker")
 TORCH_FREE = ("streamrft.kafka", "streamrft.config", "streamrft.broker", "streamrft.schemas", "streamrft.producers",
               "streamrft.validation", "streamrft.engines.settings", "streamrft.engines.algorithms.catalog",
-              "streamrft.engines.weights.locations", "streamrft.engines.weights.signal_state")
+              "streamrft.engines.weights.locations", "streamrft.engines.weights.signal_state",
+              "streamrft.metric_catalog", "streamrft.reference")
 HEAVY = ("torch", "transformers", "vllm", "streamrft.engines.training", "streamrft.engines.inference")
 ENTRY_POINTS = ("streamrft.cli", "streamrft.commands", "streamrft.launch")
 

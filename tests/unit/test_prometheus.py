@@ -1,9 +1,8 @@
 """Prometheus: the scrape config ``streamrft monitor --prometheus-config`` writes, and the Grafana dashboard in
-compose/ checked against the metric names the roles emit: the ones their code declares (prometheus_client
-Counter/Gauge/Histogram/Summary with a literal name) and the ones the monitor exports from the metrics topic."""
+compose/ checked against the metric names the roles emit: the ones declared in streamrft/metric_catalog and the
+ones the monitor exports from the metrics topic."""
 from __future__ import annotations
 
-import ast
 import json
 import re
 from pathlib import Path
@@ -13,6 +12,7 @@ import yaml
 
 from streamrft.cli import main
 from streamrft.config import load_config
+from streamrft.metric_catalog import PROMETHEUS_METRICS
 
 from .test_compose import _monitor_exported_names
 
@@ -25,21 +25,10 @@ PROMETHEUS_SERIES = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
 def declared_metric_names() -> set[str]:
-    """Every series name a role's own registry serves: the literal names of prometheus_client metrics in the
-    code (the class may be imported under its name or as ``prometheus_client.X``), with the suffixes the client
-    adds (a counter ``c`` is served as ``c_total``)."""
-    names = set()
-    for folder in ("streamrft", "consumers", "engines"):
-        for path in (ROOT / folder).rglob("*.py"):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if not isinstance(node, ast.Call) or not node.args:
-                    continue
-                func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-                first = node.args[0]
-                if func in METRIC_CLASSES and isinstance(first, ast.Constant) and isinstance(first.value, str):
-                    if first.value.startswith("streamrft_"):
-                        names |= {first.value, *(first.value + suffix for suffix in METRIC_CLASSES[func])}
-    return names
+    """Every series name a role's own registry serves, from its declaration (streamrft/metric_catalog: no series
+    is made without one), with the suffixes the client adds (a counter ``c`` is served as ``c_total``)."""
+    return {name for m in PROMETHEUS_METRICS if not m.is_family
+            for name in (m.name, *(m.name + suffix for suffix in METRIC_CLASSES[m.kind.title()]))}
 
 
 def emitted_names() -> set[str]:
