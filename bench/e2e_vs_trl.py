@@ -346,6 +346,7 @@ def streamrft_config(setup: Setup, demo: dict, side_dir: Path, side: str = "stre
                              max_grad_norm=setup.max_grad_norm, save_interval=10 ** 9,
                              checkpoint_dir=str(side_dir / "checkpoints"), metrics_port=None)
     config["trainer"].setdefault("algorithm", {}).update(clip_low=setup.clip_low, clip_high=setup.clip_high)
+    rollout["engine"] = "transformers"  # the demo's own "auto" would pick vLLM where it is installed
     if side in ("streamrft-vllm", "streamrft-vllm-inflight"):
         rollout.update(engine="vllm", vllm=dict(VLLM_SIDE))
     if side == "streamrft-lora":

@@ -3,7 +3,8 @@ completions, micro-batches of 16) timed by phase, with the machine's own matmul 
 
     flock /tmp/streamrft-bench.lock .venv/bin/python bench/trainer_step_profile.py [--steps 2] [--bf16]
                                                                                   [--response 48] [--prompt 40]
-                                                                                  [--recompute | --proximal]
+                                                                                  [--recompute | --proximal |
+                                                                                   --precision]
     ... bench/trainer_step_profile.py --packing [--long-tail 512] [--max-tokens 2048] [--micro-batch 16]
 
 Printed per phase (prepare: collate and any logprob recompute; backward: forward + backward of every
@@ -16,6 +17,9 @@ profiler's top operators say where.
 ``--proximal`` instead times the recomputed old (proximal) logprobs both ways, alternating step by step on the
 same engine: a separate no-grad forward in ``prepare`` (``recompute_old_logprobs`` before), and taken from the
 training forward of a batch that trains one update (``train_step`` now; ``engines/training/proximal.py``).
+
+``--precision`` times float32 against bf16 autocast the same way, alternating on one engine, and prints what
+``trainer.mixed_precision: auto``'s probe (``engines/training/precision.py``) measures and picks on this machine.
 
 ``--packing`` times ``train_step`` and its peak memory three ways, alternating step by step on the same engine and
 batches: padded rows in micro-batches of ``--micro-batch`` rows (the default trainer), micro-batches filled to
@@ -106,6 +110,9 @@ def main() -> int:
     parser.add_argument("--recompute", action="store_true", help="recompute the old logprobs (one more forward)")
     parser.add_argument("--proximal", action="store_true",
                         help="time recomputed proximal logprobs by a separate forward against in the training pass")
+    parser.add_argument("--precision", action="store_true",
+                        help="time float32 against bf16 autocast step by step, and say what mixed_precision auto "
+                             "picks here")
     parser.add_argument("--packing", action="store_true",
                         help="time and peak memory of padded rows against a token budget and packed sequences")
     parser.add_argument("--max-tokens", type=int, default=2048, help="--packing: trainer.max_tokens_per_micro_batch")
@@ -126,6 +133,8 @@ def main() -> int:
         return compare_proximal(engine, args, vocab)
     if args.packing:
         return compare_packing(engine, args, vocab)
+    if args.precision:
+        return compare_precision(engine, args, vocab)
     rows = []
     for step in range(args.steps + 1):
         experiences = demo_batch(step, args.prompts, args.repeat, args.prompt, args.response, vocab)
@@ -186,6 +195,41 @@ def compare_proximal(engine: TrainingEngine, args: argparse.Namespace, vocab: in
         mean = sum(values) / len(values)
         table.add_row(way, f"{mean:.2f}", " ".join(f"{v:.1f}" for v in values), f"{mean / baseline:.2f}x")
     console.print(table)
+    return 0
+
+
+def compare_precision(engine: TrainingEngine, args: argparse.Namespace, vocab: int) -> int:
+    """One warm-up step each, then ``args.steps`` rounds of one float32 and one bf16-autocast step on the same
+    batch and engine (the autocast dtype switched between them, as ``trainer.mixed_precision`` would set it)."""
+    from streamrft.engines.training.precision import BF16_PAYS, cpu_bf16_speedup
+
+    ways = {"float32": None, "bf16 autocast": torch.bfloat16}
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    losses: dict[str, list[float]] = {way: [] for way in ways}
+    for step in range(args.steps + 1):
+        experiences = demo_batch(step, args.prompts, args.repeat, args.prompt, args.response, vocab)
+        for way, dtype in ways.items():
+            engine.autocast_dtype = dtype
+            metrics, step_s = timed(lambda: engine.train_step(experiences))
+            if step:
+                seconds[way].append(step_s)
+                losses[way].append(metrics["actor/loss"])
+            console.print(f"step {step}{' (warm-up)' if not step else ''}, {way}: {step_s:.2f}s, "
+                          f"loss {metrics['actor/loss']:.4f}")
+    table = Table(title=f"trainer step by precision: {args.model}, {args.prompts * args.repeat} sequences, "
+                        f"micro-batch {args.micro_batch}, {engine.device}, {torch.get_num_threads()} threads, "
+                        f"{args.steps} step(s) each")
+    for column in ("precision", "step s (mean)", "steps", "vs float32"):
+        table.add_column(column, justify="right")
+    baseline = sum(seconds["float32"]) / args.steps
+    for way, values in seconds.items():
+        mean = sum(values) / len(values)
+        table.add_row(way, f"{mean:.2f}", " ".join(f"{v:.1f}" for v in values), f"{mean / baseline:.2f}x")
+    console.print(table)
+    if engine.device.type == "cpu":
+        speedup = cpu_bf16_speedup()
+        console.print(f"mixed_precision auto's probe: bf16 matmuls at {speedup:.2f}x float32's speed -> "
+                      f"{'bf16' if speedup >= BF16_PAYS else 'float32'} here (threshold {BF16_PAYS}x)")
     return 0
 
 

@@ -1,0 +1,88 @@
+"""Which demo recipe learns fastest: a small sweep of the keys that set the demo's pace and its learning (learning
+rate, group size, batch, response length, staleness), each a whole `streamrft run` of the README's main job.
+
+    flock /tmp/streamrft-bench.lock .venv/bin/python bench/demo_recipe.py [--recipes demo,lr2e-5,...]
+                                                                        [--max-minutes 16] [--workdir DIR]
+
+Printed per recipe: the command's wall time (launch to exit), the steps the explorer finished, eval mean@4 after
+each evaluation (the held-out examples/data/arithmetic_eval.jsonl), the sampled accuracy of the last 5 steps and
+the trainer's mean step time and clip share; the first row is the recipe examples/arithmetic.yaml has now (the
+baseline of the same session). The goal: the last evaluation at mean@4 >= 0.9 with the run itself under 12
+minutes on this machine. The runs go one after the other; a machine shared with other work makes them slower
+and noisier (run it alone)."""
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from demo_runs import DemoResult, DemoRun, run_demo
+
+console = Console()
+
+# what each recipe changes in examples/arithmetic.yaml; "demo" is the file as it is
+RECIPES: dict[str, dict] = {
+    "demo": {},
+    "lr2e-5": {"trainer": {"lr": 2.0e-5}},
+    "lr3e-5": {"trainer": {"lr": 3.0e-5}},
+    "lr2e-5-tokens32": {"trainer": {"lr": 2.0e-5}, "rollout": {"sampling": {"max_tokens": 32}}},
+    "lr2e-5-32steps": {"trainer": {"lr": 2.0e-5}, "explorer": {"max_steps": 32, "eval_interval": 8}},
+    "lr2e-5-stale2": {"trainer": {"lr": 2.0e-5}, "sync": {"offset": 2, "max_staleness": 2}},
+    "lr2e-5-group4x16": {"trainer": {"lr": 2.0e-5}, "explorer": {"batch_size": 16, "repeat_times": 4},
+                         "rollout": {"requests_per_batch": 16}},
+}
+TRAINER_METRICS = ("time/train_step", "actor/pg_clipfrac")
+GOAL_EVAL, GOAL_MINUTES = 0.9, 12.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipes", default="demo,lr2e-5,lr3e-5,lr2e-5-tokens32",
+                        help=f"comma-separated, of: {', '.join(RECIPES)}")
+    parser.add_argument("--max-minutes", type=float, default=16.0, help="a run still going then is stopped")
+    parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
+    args = parser.parse_args()
+    names = [name.strip() for name in args.recipes.split(",") if name.strip()]
+    unknown = [name for name in names if name not in RECIPES]
+    if unknown:
+        parser.error(f"unknown recipe(s) {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="demo-recipe-"))
+    results = []
+    for name in names:
+        console.print(f"[bold]{name}[/]: {RECIPES[name] or 'examples/arithmetic.yaml as it is'} "
+                      f"(log under {workdir / name})")
+        result = run_demo(DemoRun(name, RECIPES[name], args.max_minutes), workdir, TRAINER_METRICS)
+        console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {_evals(result)}")
+        results.append(result)
+    console.print(table(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def table(results: list[DemoResult]) -> Table:
+    out = Table(title=f"demo recipes, one `streamrft run` each (goal: last eval mean@4 >= {GOAL_EVAL} in under "
+                      f"{GOAL_MINUTES:.0f} min)")
+    for column in ("recipe", "exit", "wall min", "steps", "eval mean@4 by step", "last eval", "accuracy last 5",
+                   "train step s", "clip share", "goal"):
+        out.add_column(column, justify="right")
+    for r in results:
+        met = r.ok and r.last_eval is not None and r.last_eval >= GOAL_EVAL and r.wall_s < GOAL_MINUTES * 60
+        last5 = r.accuracy_of_last(5)
+        out.add_row(r.name, str(r.exit_code), f"{r.wall_s / 60:.1f}", str(len(r.accuracy)), _evals(r),
+                    _fmt(r.last_eval), _fmt(last5), _fmt(r.trainer_means.get("time/train_step"), 1),
+                    _fmt(r.trainer_means.get("actor/pg_clipfrac"), 3), "met" if met else "not met")
+    return out
+
+
+def _evals(result: DemoResult) -> str:
+    return " ".join(f"{step}:{value:.2f}" for step, value in sorted(result.evals.items())) or "-"
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
