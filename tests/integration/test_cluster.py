@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from streamrft.broker import EmbeddedBroker
 from streamrft.broker.placement import QUORUM_STATE
@@ -271,11 +271,14 @@ def loop_through_refusals(cluster, tiny_model_dir, tmp_path_factory):
         # the outage: every write to the run's topics needs 3 in-sync replicas, and one node is gone
         topics = sorted(config.topic_layouts())
         _set_min_insync(cluster, topics, "3")
+        # the probe's raw writes go to a topic of their own: one the leader accepts before it learns of the dead
+        # node must not land on a topic the run's checks decode
+        probe_topic = _probe_topic(cluster)
         victim = cluster.leader_of(config.topic("experiences"), 0)
         cluster.kill_node(victim)
         began, step_at_kill = time.monotonic(), roles["explorer"].role.state.finished_step
         _wait(lambda: len(cluster.admin().list_topics(timeout=10).brokers) == 2, 30, "the dead node stays registered")
-        outcome["refusal"] = _refused_write(cluster, config.topic("metrics"))
+        outcome["refusal"] = _refused_write(cluster, probe_topic)
         time.sleep(max(0.0, outage_s - (time.monotonic() - began)))
         outcome["steps_in_outage"] = roles["explorer"].role.state.finished_step - step_at_kill
         outcome["alive_after_outage"] = {name: role.thread.is_alive() and role.error is None
@@ -295,6 +298,16 @@ def loop_through_refusals(cluster, tiny_model_dir, tmp_path_factory):
         for role in roles.values():
             role.thread.join(60)
         run.close()
+
+
+def _probe_topic(cluster: EmbeddedBroker) -> str:
+    """A topic of its own for :func:`_refused_write`, replicated to every node and, like the run's topics in
+    the outage, asking for 3 in-sync replicas."""
+    name = f"probe-{uuid.uuid4().hex[:8]}"
+    topic = NewTopic(name, num_partitions=1, replication_factor=3, config={"min.insync.replicas": "3"})
+    for future in cluster.admin().create_topics([topic], request_timeout=30).values():
+        future.result()
+    return name
 
 
 def _refused_write(cluster: EmbeddedBroker, topic: str, attempts: int = 3) -> list[str]:
