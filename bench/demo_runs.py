@@ -72,8 +72,8 @@ def demo_config(run: DemoRun, out: Path) -> dict[str, Any]:
     config["monitor"] = {**config.get("monitor", {}), "output_dir": str(out / "run"), "tensorboard": False,
                          "metrics_port": None}
     config["launch"] = {**config.get("launch", {}), "rollout_metrics_port_base": 0}
-    for task_file in config["launch"].get("task_files", []):
-        task_file["path"] = str(REPO / task_file["path"])
+    for data in config["launch"].get("task_files", []) + config["launch"].get("data_files", []):
+        data["path"] = str(REPO / data["path"])
     for taskset in config["explorer"].get("eval_tasksets", []):
         taskset["path"] = str(REPO / taskset["path"])
     return config

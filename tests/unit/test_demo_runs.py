@@ -24,7 +24,9 @@ def demo_runs():
 
 
 def test_the_config_is_the_demo_with_the_overrides_and_writes_only_under_the_run_dir(demo_runs, tmp_path):
-    run = demo_runs.DemoRun("lr", {"trainer": {"lr": 3e-5}, "rollout": {"sampling": {"max_tokens": 32}}})
+    sft = {"path": "examples/data/arithmetic_sft.jsonl", "objective": "sft"}
+    run = demo_runs.DemoRun("lr", {"trainer": {"lr": 3e-5}, "rollout": {"sampling": {"max_tokens": 32}},
+                                   "launch": {"data_files": [sft]}})
     config = demo_runs.demo_config(run, tmp_path)
     path = tmp_path / "c.yaml"
     import yaml
@@ -36,6 +38,8 @@ def test_the_config_is_the_demo_with_the_overrides_and_writes_only_under_the_run
     assert loaded.name.startswith("lr-") and str(loaded.output_dir).startswith(str(tmp_path))
     assert loaded.trainer.checkpoint_dir.startswith(str(tmp_path))
     assert loaded.explorer.metrics_port is None and loaded.rollout.metrics_port is None
+    for data in (loaded.launch.data_files[0], loaded.launch.task_files[0]):  # found from any working directory
+        assert Path(data.path).is_absolute() and Path(data.path).is_file()
 
 
 def test_what_a_run_learned_is_read_from_its_metrics(demo_runs, tmp_path):
