@@ -27,12 +27,16 @@ console = Console()
 RECIPES: dict[str, dict] = {
     "demo": {},
     "lr2e-5": {"trainer": {"lr": 2.0e-5}},
-    "lr3e-5": {"trainer": {"lr": 3.0e-5}},
-    "lr2e-5-tokens32": {"trainer": {"lr": 2.0e-5}, "rollout": {"sampling": {"max_tokens": 32}}},
-    "lr2e-5-32steps": {"trainer": {"lr": 2.0e-5}, "explorer": {"max_steps": 32, "eval_interval": 8}},
-    "lr2e-5-stale2": {"trainer": {"lr": 2.0e-5}, "sync": {"offset": 2, "max_staleness": 2}},
-    "lr2e-5-group4x16": {"trainer": {"lr": 2.0e-5}, "explorer": {"batch_size": 16, "repeat_times": 4},
-                         "rollout": {"requests_per_batch": 16}},
+    "lr3e-5-32steps": {"trainer": {"lr": 3.0e-5}, "explorer": {"max_steps": 32, "eval_interval": 8}},
+    "lr3e-5-tokens32-32steps": {"trainer": {"lr": 3.0e-5}, "rollout": {"sampling": {"max_tokens": 32}},
+                                "explorer": {"max_steps": 32, "eval_interval": 8}},
+    "lr5e-5-tokens32-24steps": {"trainer": {"lr": 5.0e-5}, "rollout": {"sampling": {"max_tokens": 32}},
+                                "explorer": {"max_steps": 24, "eval_interval": 8}},
+    "lr3e-5-stale2-32steps": {"trainer": {"lr": 3.0e-5}, "sync": {"offset": 2, "max_staleness": 2},
+                              "explorer": {"max_steps": 32, "eval_interval": 8}},
+    "lr3e-5-group4x16-32steps": {"trainer": {"lr": 3.0e-5}, "explorer": {"batch_size": 16, "repeat_times": 4,
+                                                                          "max_steps": 32, "eval_interval": 8},
+                                 "rollout": {"requests_per_batch": 16}},
 }
 TRAINER_METRICS = ("time/train_step", "actor/pg_clipfrac")
 GOAL_EVAL, GOAL_MINUTES = 0.9, 12.0
@@ -40,7 +44,7 @@ GOAL_EVAL, GOAL_MINUTES = 0.9, 12.0
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", default="demo,lr2e-5,lr3e-5,lr2e-5-tokens32",
+    parser.add_argument("--recipes", default="demo,lr3e-5-32steps,lr3e-5-tokens32-32steps,lr5e-5-tokens32-24steps",
                         help=f"comma-separated, of: {', '.join(RECIPES)}")
     parser.add_argument("--max-minutes", type=float, default=16.0, help="a run still going then is stopped")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")

@@ -511,7 +511,7 @@ def report(setup: Setup, results: list[SideResult], last_n: int, workdir: Path) 
     labels = {"streamrft": "goal (same fp32 precision as TRL)",
               "streamrft-vllm": "goal (same fp32 precision as TRL; vLLM rollout engine)",
               "streamrft-async": "goal (same fp32 precision as TRL; fully_async window)",
-              "streamrft-vllm-inflight": "goal of issue 24 (fp32; vLLM, fully_async, in-flight weight updates)",
+              "streamrft-vllm-inflight": "goal (fp32; vLLM, fully_async, in-flight weight updates)",
               "streamrft-bf16": "for information (bf16 engines vs TRL's fp32: not the goal's comparison)"}
     for side, label in labels.items():
         if not {"TRL", side} <= by_name.keys() or by_name["TRL"].error or by_name[side].error:

@@ -22,7 +22,7 @@ of ``max(8, N × requests-per-client)`` chat requests, the demo's arithmetic que
 sampling. A client refused with 429 waits its ``Retry-After`` and asks again (counted); any other error is
 counted and the request given up. Per N: requests/s, output tokens/s (the servers' own ``usage``), p50 / p99
 latency, p50 time to first token, 429s and errors, and each figure's ratio to ``vllm-serve`` at the same N.
-Goals (issue 23): at 16 clients ≥ 0.9 × vllm-serve's output tokens/s and p50 time to first token ≤ 1.5 × its;
+Goals: at 16 clients ≥ 0.9 × vllm-serve's output tokens/s and p50 time to first token ≤ 1.5 × its;
 at 64 clients 429s rather than an unbounded queue, and no error but 429.
 
 Run benchmarks one at a time: ``flock /tmp/streamrft-bench.lock python bench/serve_load.py``.

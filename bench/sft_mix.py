@@ -1,4 +1,4 @@
-"""The demo with and without a 10 % SFT mix of correct worked answers (issue 26): one `streamrft run` of each,
+"""The demo with and without a 10 % SFT mix of correct worked answers: one `streamrft run` of each,
 one after the other, and their evals after steps 9 and 19.
 
     flock /tmp/streamrft-bench.lock .venv/bin/python bench/sft_mix.py [--steps 20]

@@ -1,4 +1,4 @@
-"""Serve mode's promise under faults (issue 23): every feedback answered 200 is exactly one Experience on
+"""Serve mode's promise under faults: every feedback answered 200 is exactly one Experience on
 ``experiences``, through a load of concurrent clients, one broker restart and one SIGKILL + restart of the server
 (``streamrft serve`` in a process of its own, with a fixed ``serve.server_id``, so that the new server fences what
 the old one left open).

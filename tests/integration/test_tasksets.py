@@ -1,4 +1,4 @@
-"""Several training tasksets through the loop on the broker (issue 26, task scheduling): a file-fed and a
+"""Several training tasksets through the loop on the broker (task scheduling): a file-fed and a
 topic-fed taskset mixed 3:1, trained, with the explorer stopped and restarted mid-run; and the difficulty order
 with skip_solved, which stops spending rollouts on the tasks the policy already solves."""
 from __future__ import annotations
