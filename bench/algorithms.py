@@ -29,7 +29,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from demo_runs import REPO, DemoResult, DemoRun, merge, run_demo
+from demo_runs import REPO, DemoResult, DemoRun, evals_by_step, fmt, merge, run_demo
 
 console = Console()
 
@@ -167,7 +167,7 @@ def main() -> int:
         console.print(f"[bold]{name}[/]: {FAMILIES[name].overrides or 'examples/arithmetic.yaml as it is'} "
                       f"(log under {workdir / name})")
         result = run_demo(run, workdir, trainer_metrics())
-        console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {_evals(result)}")
+        console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {evals_by_step(result)}")
         results.append(result)
     console.print(table(results, args.max_steps))
     console.print(legend([r.name for r in results]))
@@ -185,10 +185,10 @@ def table(results: list[DemoResult], max_steps: int) -> Table:
         family = FAMILIES[r.name]
         step = r.trainer_means.get(STEP_TIME)
         out.add_row(r.name, family.paper, str(r.exit_code), f"{r.wall_s / 60:.1f}", str(len(r.accuracy)),
-                    _fmt(r.last_eval), _evals(r), _fmt(r.accuracy_of_last(5)), _metric(r, family.clip),
-                    _metric(r, family.mask), _metric(r, family.own), _fmt(step, 1),
-                    _fmt(_ratio(r.last_eval, base.last_eval if base else None)),
-                    _fmt(_ratio(step, base.trainer_means.get(STEP_TIME) if base else None)))
+                    fmt(r.last_eval), evals_by_step(r), fmt(r.accuracy_of_last(5)), _metric(r, family.clip),
+                    _metric(r, family.mask), _metric(r, family.own), fmt(step, 1),
+                    fmt(_ratio(r.last_eval, base.last_eval if base else None)),
+                    fmt(_ratio(step, base.trainer_means.get(STEP_TIME) if base else None)))
     return out
 
 
@@ -204,19 +204,11 @@ def legend(names: list[str]) -> str:
 
 
 def _metric(result: DemoResult, name: str | None) -> str:
-    return _fmt(result.trainer_means.get(name), 3) if name else ""
+    return fmt(result.trainer_means.get(name), 3) if name else ""
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
     return None if value is None or not base else value / base
-
-
-def _evals(result: DemoResult) -> str:
-    return " ".join(f"{step}:{value:.2f}" for step, value in sorted(result.evals.items())) or "-"
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

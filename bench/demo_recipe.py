@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from demo_runs import DemoResult, DemoRun, run_demo
+from demo_runs import DemoResult, DemoRun, evals_by_step, fmt, run_demo
 
 console = Console()
 
@@ -59,7 +59,7 @@ def main() -> int:
         console.print(f"[bold]{name}[/]: {RECIPES[name] or 'examples/arithmetic.yaml as it is'} "
                       f"(log under {workdir / name})")
         result = run_demo(DemoRun(name, RECIPES[name], args.max_minutes), workdir, TRAINER_METRICS)
-        console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {_evals(result)}")
+        console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {evals_by_step(result)}")
         results.append(result)
     console.print(table(results))
     return 0 if all(r.ok for r in results) else 1
@@ -74,18 +74,10 @@ def table(results: list[DemoResult]) -> Table:
     for r in results:
         met = r.ok and r.last_eval is not None and r.last_eval >= GOAL_EVAL and r.wall_s < GOAL_MINUTES * 60
         last5 = r.accuracy_of_last(5)
-        out.add_row(r.name, str(r.exit_code), f"{r.wall_s / 60:.1f}", str(len(r.accuracy)), _evals(r),
-                    _fmt(r.last_eval), _fmt(last5), _fmt(r.trainer_means.get("time/train_step"), 1),
-                    _fmt(r.trainer_means.get("actor/pg_clipfrac"), 3), "met" if met else "not met")
+        out.add_row(r.name, str(r.exit_code), f"{r.wall_s / 60:.1f}", str(len(r.accuracy)), evals_by_step(r),
+                    fmt(r.last_eval), fmt(last5), fmt(r.trainer_means.get("time/train_step"), 1),
+                    fmt(r.trainer_means.get("actor/pg_clipfrac"), 3), "met" if met else "not met")
     return out
-
-
-def _evals(result: DemoResult) -> str:
-    return " ".join(f"{step}:{value:.2f}" for step, value in sorted(result.evals.items())) or "-"
-
-
-def _fmt(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
 
 
 if __name__ == "__main__":

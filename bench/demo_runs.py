@@ -61,6 +61,16 @@ class DemoResult:
         return sum(self.accuracy[s] for s in steps) / len(steps) if steps else None
 
 
+def evals_by_step(result: DemoResult) -> str:
+    """``step:mean`` of each eval round, for a table cell."""
+    return " ".join(f"{step}:{value:.2f}" for step, value in sorted(result.evals.items())) or "-"
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    """A table cell: ``-`` where a run did not get that far."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def demo_config(run: DemoRun, out: Path) -> dict[str, Any]:
     """The demo config with ``run.overrides``, a unique name, and everything it writes under ``out``; no fixed
     metrics ports, so runs never collide with a user's."""

@@ -177,24 +177,16 @@ def main() -> int:
 def compare_proximal(engine: TrainingEngine, args: argparse.Namespace, vocab: int) -> int:
     """One warm-up step, then ``args.steps`` pairs of steps on the same batches: separate forward, in the pass."""
     ways = {"separate no-grad forward": False, "in the training pass": True}
-    seconds: dict[str, list[float]] = {way: [] for way in ways}
-    for step in range(args.steps + 1):
-        experiences = demo_batch(step, args.prompts, args.repeat, args.prompt, args.response, vocab)
-        for way, one_update in ways.items():
-            _, step_s = timed(lambda: engine.optimizer_step(engine.prepare(experiences, one_update=one_update)))
-            if step:
-                seconds[way].append(step_s)
-            console.print(f"step {step}{' (warm-up)' if not step else ''}, {way}: {step_s:.2f}s")
-    table = Table(title=f"recomputed proximal logprobs: {args.model}, {args.prompts * args.repeat} sequences, "
-                        f"micro-batch {args.micro_batch}, {'bf16 autocast' if args.bf16 else 'fp32'}, "
-                        f"{torch.get_num_threads()} threads, {args.steps} step(s) each")
-    for column in ("proximal logprobs", "step s (mean)", "steps", "vs separate"):
-        table.add_column(column, justify="right")
-    baseline = sum(seconds["separate no-grad forward"]) / args.steps
-    for way, values in seconds.items():
-        mean = sum(values) / len(values)
-        table.add_row(way, f"{mean:.2f}", " ".join(f"{v:.1f}" for v in values), f"{mean / baseline:.2f}x")
-    console.print(table)
+
+    def step_with(one_update: bool, experiences: list[Experience]) -> str:
+        engine.optimizer_step(engine.prepare(experiences, one_update=one_update))
+        return ""
+
+    seconds = alternate(ways, step_with, args, vocab)
+    console.print(ab_table(f"recomputed proximal logprobs: {args.model}, {args.prompts * args.repeat} sequences, "
+                           f"micro-batch {args.micro_batch}, {'bf16 autocast' if args.bf16 else 'fp32'}, "
+                           f"{torch.get_num_threads()} threads, {args.steps} step(s) each",
+                           "proximal logprobs", seconds))
     return 0
 
 
@@ -203,34 +195,46 @@ def compare_precision(engine: TrainingEngine, args: argparse.Namespace, vocab: i
     batch and engine (the autocast dtype switched between them, as ``trainer.mixed_precision`` would set it)."""
     from streamrft.engines.training.precision import BF16_PAYS, cpu_bf16_speedup
 
-    ways = {"float32": None, "bf16 autocast": torch.bfloat16}
-    seconds: dict[str, list[float]] = {way: [] for way in ways}
-    losses: dict[str, list[float]] = {way: [] for way in ways}
-    for step in range(args.steps + 1):
-        experiences = demo_batch(step, args.prompts, args.repeat, args.prompt, args.response, vocab)
-        for way, dtype in ways.items():
-            engine.autocast_dtype = dtype
-            metrics, step_s = timed(lambda: engine.train_step(experiences))
-            if step:
-                seconds[way].append(step_s)
-                losses[way].append(metrics["actor/loss"])
-            console.print(f"step {step}{' (warm-up)' if not step else ''}, {way}: {step_s:.2f}s, "
-                          f"loss {metrics['actor/loss']:.4f}")
-    table = Table(title=f"trainer step by precision: {args.model}, {args.prompts * args.repeat} sequences, "
-                        f"micro-batch {args.micro_batch}, {engine.device}, {torch.get_num_threads()} threads, "
-                        f"{args.steps} step(s) each")
-    for column in ("precision", "step s (mean)", "steps", "vs float32"):
-        table.add_column(column, justify="right")
-    baseline = sum(seconds["float32"]) / args.steps
-    for way, values in seconds.items():
-        mean = sum(values) / len(values)
-        table.add_row(way, f"{mean:.2f}", " ".join(f"{v:.1f}" for v in values), f"{mean / baseline:.2f}x")
-    console.print(table)
+    def step_in(dtype: torch.dtype | None, experiences: list[Experience]) -> str:
+        engine.autocast_dtype = dtype
+        return f", loss {engine.train_step(experiences)['actor/loss']:.4f}"
+
+    seconds = alternate({"float32": None, "bf16 autocast": torch.bfloat16}, step_in, args, vocab)
+    console.print(ab_table(f"trainer step by precision: {args.model}, {args.prompts * args.repeat} sequences, "
+                           f"micro-batch {args.micro_batch}, {engine.device}, {torch.get_num_threads()} threads, "
+                           f"{args.steps} step(s) each", "precision", seconds))
     if engine.device.type == "cpu":
         speedup = cpu_bf16_speedup()
         console.print(f"mixed_precision auto's probe: bf16 matmuls at {speedup:.2f}x float32's speed -> "
                       f"{'bf16' if speedup >= BF16_PAYS else 'float32'} here (threshold {BF16_PAYS}x)")
     return 0
+
+
+def alternate(ways: dict, step, args: argparse.Namespace, vocab: int) -> dict[str, list[float]]:
+    """One warm-up step per way, then ``args.steps`` rounds of one step per way on the same demo batch:
+    ``step(value, experiences)`` runs one (returning what to add to its line); the timed seconds by way."""
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    for round_ in range(args.steps + 1):
+        experiences = demo_batch(round_, args.prompts, args.repeat, args.prompt, args.response, vocab)
+        for way, value in ways.items():
+            said, step_s = timed(lambda: step(value, experiences))
+            if round_:
+                seconds[way].append(step_s)
+            console.print(f"step {round_}{' (warm-up)' if not round_ else ''}, {way}: {step_s:.2f}s{said}")
+    return seconds
+
+
+def ab_table(title: str, label: str, seconds: dict[str, list[float]]) -> Table:
+    """Each way's mean step time, its steps, and its ratio to the first way's (the baseline)."""
+    table = Table(title=title)
+    baseline_name = next(iter(seconds))
+    for column in (label, "step s (mean)", "steps", f"vs {baseline_name}"):
+        table.add_column(column, justify="right")
+    baseline = sum(seconds[baseline_name]) / len(seconds[baseline_name])
+    for way, values in seconds.items():
+        mean = sum(values) / len(values)
+        table.add_row(way, f"{mean:.2f}", " ".join(f"{v:.1f}" for v in values), f"{mean / baseline:.2f}x")
+    return table
 
 
 class PeakMemory:
