@@ -19,24 +19,27 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from demo_runs import DemoResult, DemoRun, evals_by_step, fmt, run_demo
+from demo_runs import DemoResult, DemoRun, evals_by_step, fmt, merge, run_demo
 
 console = Console()
 
 # what each recipe changes in examples/arithmetic.yaml; "demo" is the file as it is
+BF16_ROLLOUT = {"model": {"dtype": "bfloat16"}, "rollout": {"vllm": {"enforce_eager": True}}}
 RECIPES: dict[str, dict] = {
     "demo": {},
-    "lr2e-5": {"trainer": {"lr": 2.0e-5}},
-    "lr3e-5-32steps": {"trainer": {"lr": 3.0e-5}, "explorer": {"max_steps": 32, "eval_interval": 8}},
-    "lr3e-5-tokens32-32steps": {"trainer": {"lr": 3.0e-5}, "rollout": {"sampling": {"max_tokens": 32}},
-                                "explorer": {"max_steps": 32, "eval_interval": 8}},
-    "lr5e-5-tokens32-24steps": {"trainer": {"lr": 5.0e-5}, "rollout": {"sampling": {"max_tokens": 32}},
-                                "explorer": {"max_steps": 24, "eval_interval": 8}},
-    "lr3e-5-stale2-32steps": {"trainer": {"lr": 3.0e-5}, "sync": {"offset": 2, "max_staleness": 2},
-                              "explorer": {"max_steps": 32, "eval_interval": 8}},
-    "lr3e-5-group4x16-32steps": {"trainer": {"lr": 3.0e-5}, "explorer": {"batch_size": 16, "repeat_times": 4,
-                                                                          "max_steps": 32, "eval_interval": 8},
-                                 "rollout": {"requests_per_batch": 16}},
+    "bf16-rollout": BF16_ROLLOUT,
+    "bf16-lr3e-5-tokens32-32steps": merge(BF16_ROLLOUT, {
+        "trainer": {"lr": 3.0e-5}, "rollout": {"sampling": {"max_tokens": 32}},
+        "explorer": {"max_steps": 32, "eval_interval": 8}}),
+    "bf16-lr5e-5-tokens32-24steps": merge(BF16_ROLLOUT, {
+        "trainer": {"lr": 5.0e-5}, "rollout": {"sampling": {"max_tokens": 32}},
+        "explorer": {"max_steps": 24, "eval_interval": 8}}),
+    "bf16-lr3e-5-32steps": merge(BF16_ROLLOUT, {
+        "trainer": {"lr": 3.0e-5}, "explorer": {"max_steps": 32, "eval_interval": 8}}),
+    "bf16-lr3e-5-group4x16-32steps": merge(BF16_ROLLOUT, {
+        "trainer": {"lr": 3.0e-5}, "explorer": {"batch_size": 16, "repeat_times": 4, "max_steps": 32,
+                                                "eval_interval": 8},
+        "rollout": {"requests_per_batch": 16}}),
 }
 TRAINER_METRICS = ("time/train_step", "actor/pg_clipfrac")
 GOAL_EVAL, GOAL_MINUTES = 0.9, 12.0
@@ -44,7 +47,7 @@ GOAL_EVAL, GOAL_MINUTES = 0.9, 12.0
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--recipes", default="demo,lr3e-5-32steps,lr3e-5-tokens32-32steps,lr5e-5-tokens32-24steps",
+    parser.add_argument("--recipes", default="bf16-lr3e-5-tokens32-32steps,bf16-lr5e-5-tokens32-24steps,bf16-rollout",
                         help=f"comma-separated, of: {', '.join(RECIPES)}")
     parser.add_argument("--max-minutes", type=float, default=16.0, help="a run still going then is stopped")
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary directory")
@@ -61,6 +64,7 @@ def main() -> int:
         result = run_demo(DemoRun(name, RECIPES[name], args.max_minutes), workdir, TRAINER_METRICS)
         console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {evals_by_step(result)}")
         results.append(result)
+    console.width = max(console.width, 160)  # one line per recipe, also when piped
     console.print(table(results))
     return 0 if all(r.ok for r in results) else 1
 

@@ -19,7 +19,7 @@ same engine: a separate no-grad forward in ``prepare`` (``recompute_old_logprobs
 training forward of a batch that trains one update (``train_step`` now; ``engines/training/proximal.py``).
 
 ``--precision`` times float32 against bf16 autocast the same way, alternating on one engine, and prints what
-``trainer.mixed_precision: auto``'s probe (``engines/training/precision.py``) measures and picks on this machine.
+``trainer.mixed_precision: auto``'s probe (``engines/precision.py``) measures and picks on this machine.
 
 ``--packing`` times ``train_step`` and its peak memory three ways, alternating step by step on the same engine and
 batches: padded rows in micro-batches of ``--micro-batch`` rows (the default trainer), micro-batches filled to
@@ -193,7 +193,7 @@ def compare_proximal(engine: TrainingEngine, args: argparse.Namespace, vocab: in
 def compare_precision(engine: TrainingEngine, args: argparse.Namespace, vocab: int) -> int:
     """One warm-up step each, then ``args.steps`` rounds of one float32 and one bf16-autocast step on the same
     batch and engine (the autocast dtype switched between them, as ``trainer.mixed_precision`` would set it)."""
-    from streamrft.engines.training.precision import BF16_PAYS, cpu_bf16_speedup
+    from streamrft.engines.precision import BF16_PAYS, cpu_bf16_speedup
 
     def step_in(dtype: torch.dtype | None, experiences: list[Experience]) -> str:
         engine.autocast_dtype = dtype

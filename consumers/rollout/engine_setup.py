@@ -6,6 +6,7 @@ import zlib
 
 from streamrft.config import RunConfig
 from streamrft.engines.inference import InferenceEngine, SamplingParams, create_engine
+from streamrft.engines.precision import inference_dtype
 from streamrft.engines.rollout import RolloutPolicy
 from streamrft.model_paths import resolve_model_path
 from streamrft.pacing import Pacing
@@ -24,7 +25,7 @@ def build_engine(config: RunConfig) -> InferenceEngine:
         return create_engine("openai", resolve_model_path(config.model.path), base_url=remote.base_url,
                              model=remote.model, timeout_s=remote.timeout_s, max_concurrency=settings.max_batch_size,
                              api_key=remote.api_key.get_secret_value() if remote.api_key else None)
-    kwargs = {"dtype": config.model.dtype, "device": settings.device}
+    kwargs = {"dtype": inference_dtype(config.model.dtype, settings.device), "device": settings.device}
     if settings.engine == "vllm":
         kwargs.update(settings.vllm.model_dump(), max_num_seqs=settings.max_batch_size,
                       in_flight_weights=settings.weight_update == "in_flight")

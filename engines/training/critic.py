@@ -28,7 +28,7 @@ from ..algorithms.value_loss import clipped_value_loss
 from ..settings.lora import LoraSettings
 from ..settings.training import TrainingSettings
 from .batch import Batch
-from .precision import autocast_dtype
+from ..precision import autocast_dtype
 from .micro_batches import MicroBatching
 from .parallel import SingleProcess
 from .schedule import build_scheduler

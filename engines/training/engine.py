@@ -39,7 +39,7 @@ from .logprobs import batch_logprobs
 from .loss import LossTally, micro_batch_loss
 from .micro_batches import MicroBatching
 from .parallel import SingleProcess
-from .precision import autocast_dtype
+from ..precision import autocast_dtype
 from .proximal import InPassProximal, proximal_in_pass_possible
 from .schedule import build_scheduler
 from ..settings.training import TrainingSettings

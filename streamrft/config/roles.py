@@ -27,8 +27,10 @@ class ModelConfig(Section):
                       description="the policy: a local Hugging Face model directory, or smollm2-135m (the demo model "
                                   "of `streamrft model prepare smollm2-135m`)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto", description="the weights' dtype in the rollout engines and the trainer; auto = the "
-                                    "checkpoint's own")
+        default="auto", description="the weights' dtype in the rollout engines (the trainer keeps float32 "
+                                    "master weights: trainer.mixed_precision); auto = the checkpoint's own on a "
+                                    "GPU, and on a CPU bfloat16 where a probe at start measures bf16 matmuls at "
+                                    "least 1.3x as fast as float32, else float32")
     lora: LoraSettings | None = Field(default=None, description="train LoRA adapters (peft) instead of the whole "
                                       "model; only the adapters are checkpointed and published")
 

@@ -34,7 +34,9 @@ def test_the_config_is_the_demo_with_the_overrides_and_writes_only_under_the_run
     loaded = load_config(path, env={})
     assert loaded.trainer.lr == 3e-5 and loaded.rollout.sampling.max_tokens == 32
     assert loaded.rollout.sampling.temperature == 1.0  # the rest of the demo's sampling stays
-    assert loaded.explorer.max_steps == 40 and loaded.explorer.eval_interval == 10
+    demo = load_config(demo_runs.DEMO_CONFIG, env={})
+    assert (loaded.explorer.max_steps, loaded.explorer.eval_interval) == (demo.explorer.max_steps,
+                                                                         demo.explorer.eval_interval)
     assert loaded.name.startswith("lr-") and str(loaded.output_dir).startswith(str(tmp_path))
     assert loaded.trainer.checkpoint_dir.startswith(str(tmp_path))
     assert loaded.explorer.metrics_port is None and loaded.rollout.metrics_port is None

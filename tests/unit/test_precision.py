@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from streamrft.engines.training import TrainingEngine, TrainingSettings
-from streamrft.engines.training import precision
+from streamrft.engines import precision
 from streamrft.engines.training.parallel import SingleProcess
 
 from .test_training_engine import tiny_llama
@@ -57,3 +57,11 @@ def test_the_engine_autocasts_to_what_auto_chose(probe) -> None:
     assert TrainingEngine(tiny_llama(), TrainingSettings(), device="cpu").autocast_dtype is torch.bfloat16
     probe("1")
     assert TrainingEngine(tiny_llama(), TrainingSettings(), device="cpu").autocast_dtype is None
+
+
+@pytest.mark.parametrize("speedup, expected", [("2.4", "bfloat16"), ("1.0", "float32")])
+def test_a_rollout_engine_on_a_cpu_runs_in_what_the_probe_says_pays(probe, speedup: str, expected: str) -> None:
+    probe(speedup)
+    assert precision.inference_dtype("auto", "cpu") == expected
+    assert precision.inference_dtype("float32", "cpu") == "float32"  # a choice is kept
+    assert precision.inference_dtype("auto", "cuda") == "auto"  # on a GPU the checkpoint's own dtype

@@ -1,9 +1,10 @@
-"""The dtype the trainer's forward and backward autocast to (``trainer.mixed_precision``), settled once at start.
+"""Where bf16 is the faster arithmetic, settled once per process: the dtype the trainer's forward and backward
+autocast to (``trainer.mixed_precision``) and the one a rollout engine on a CPU runs in (``model.dtype``).
 
-``auto`` means bf16 where it is the faster arithmetic: always on CUDA; on a CPU only where a measured probe
-finds bf16 matrix products at least :data:`BF16_PAYS` times as fast as float32 (CPUs with bf16 matrix units:
-AVX512-BF16, AMX). Elsewhere bf16 is emulated and slower, so float32 stays. The master weights and the
-optimiser stay float32 either way, and the softmax of the loss runs in float32 (``logprobs.py``).
+``auto`` means bf16 where it pays: always on CUDA; on a CPU only where a measured probe finds bf16 matrix
+products at least :data:`BF16_PAYS` times as fast as float32 (CPUs with bf16 matrix units: AVX512-BF16, AMX).
+Elsewhere bf16 is emulated and slower, so float32 stays. The trainer's master weights and optimiser stay float32
+either way, and the softmax of its loss runs in float32 (``training/logprobs.py``).
 
 ``STREAMRFT_CPU_BF16_SPEEDUP`` stands in for the probe's measurement where a run must not depend on the CPU it
 lands on (the test suite sets it to 1: float32 everywhere, as its float32 references expect)."""
@@ -39,6 +40,20 @@ def autocast_dtype(mode: str, device: torch.device, parallel) -> torch.dtype | N
     logger.info("trainer.mixed_precision auto: bf16 matmuls run %.2f× float32's speed on this CPU; training in %s "
                 "(set trainer.mixed_precision to bf16 or no to choose)", speedup, "bf16" if use_bf16 else "float32")
     return torch.bfloat16 if use_bf16 else None
+
+
+def inference_dtype(configured: str, device: str) -> str:
+    """The dtype a rollout engine on ``device`` ("cpu", "cuda", "auto", ...) loads for ``model.dtype``
+    ``configured``: on a CPU, "auto" becomes bfloat16 where the probe says it pays, else float32 (a checkpoint's
+    own dtype says nothing about the CPU it runs on); anything else is kept."""
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if configured != "auto" or not on_cpu:
+        return configured
+    speedup = cpu_bf16_speedup()
+    chosen = "bfloat16" if speedup >= BF16_PAYS else "float32"
+    logger.info("model.dtype auto: bf16 matmuls run %.2f× float32's speed on this CPU; the rollout engine runs in "
+                "%s (set model.dtype to choose)", speedup, chosen)
+    return chosen
 
 
 @functools.cache
