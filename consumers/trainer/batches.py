@@ -108,9 +108,13 @@ class BatchPicker:
         return all(positions.get(tp, 0) >= end for tp, end in self._data_end.items())
 
     def _short_batch_allowed(self) -> bool:
-        """The explorer has finished every step in the buffer, all it wrote is read, and no group of those
-        steps is still incomplete: no more groups can come for them."""
-        if self.sync.explorer.finished_step < self.buffer.max_step() or self.buffer.incomplete_groups():
+        """The explorer has finished every step it published (or is done), all it wrote is read, and no
+        buffered group is still incomplete: no more groups can come. A step still in flight will bring groups
+        that fill the batch (under fully_async a batch takes groups of several steps in the order read: one
+        finished step's leftover group alone is no reason to train short)."""
+        explorer = self.sync.explorer
+        in_flight = not explorer.done and explorer.next_step - 1 > explorer.finished_step
+        if in_flight or explorer.finished_step < self.buffer.max_step() or self.buffer.incomplete_groups():
             return False
         return self._read_everything_written()
 
