@@ -28,7 +28,6 @@ from ..algorithms.value_loss import clipped_value_loss
 from ..settings.lora import LoraSettings
 from ..settings.training import TrainingSettings
 from .batch import Batch
-from ..precision import autocast_dtype
 from .micro_batches import MicroBatching
 from .parallel import SingleProcess
 from .schedule import build_scheduler
@@ -49,14 +48,15 @@ class Critic:
     change the policy."""
 
     def __init__(self, policy: torch.nn.Module, settings: TrainingSettings, *, device: torch.device,
-                 parallel: SingleProcess, lora: LoraSettings | None = None) -> None:
+                 parallel: SingleProcess, lora: LoraSettings | None = None,
+                 autocast_dtype: torch.dtype | None = None) -> None:
         self.settings = settings
         self.parallel = parallel
         self.lora = lora
         c = settings.critic_schedule
         self.model, self.train_model = parallel.wrap(build_value_model(policy, settings, lora).to(device),
                                                      trainable=True)
-        self.autocast_dtype = autocast_dtype(settings.mixed_precision, device, parallel)
+        self.autocast_dtype = autocast_dtype  # the policy's (engines/precision.py), decided once for both
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=c.lr, betas=settings.betas, eps=settings.adam_eps,
                                            weight_decay=c.weight_decay)

@@ -95,9 +95,10 @@ class TrainingEngine:
             ref_model = (ref_model if ref_model is not None else copy.deepcopy(model)).to(self.device)
             ref_model.eval().requires_grad_(False)
             self.ref_model, _ = self.parallel.wrap(ref_model, trainable=False)
+        self.autocast_dtype = autocast_dtype(s.mixed_precision, self.device, self.parallel)  # the critic's too
         # PPO with a critic: the value model copies the policy's backbone before LoRA and the wrap change it
-        self.critic = Critic(model, s, device=self.device, parallel=self.parallel,
-                             lora=lora) if s.uses_critic else None
+        self.critic = Critic(model, s, device=self.device, parallel=self.parallel, lora=lora,
+                             autocast_dtype=self.autocast_dtype) if s.uses_critic else None
         if lora is not None:
             from peft import get_peft_model
 
@@ -105,7 +106,6 @@ class TrainingEngine:
         # self.model keeps the Hugging Face names; the training forward goes through self.train_model (DDP's
         # wrapper; the model itself when FSDP2 shards it in place)
         self.model, self.train_model = self.parallel.wrap(model, trainable=True)
-        self.autocast_dtype = autocast_dtype(s.mixed_precision, self.device, self.parallel)
         if pad_token_id is None:
             pad_token_id = getattr(getattr(model, "config", None), "pad_token_id", None)
         self.pad_token_id = int(pad_token_id or 0)
