@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,6 +28,7 @@ from ..settings.lora import LoraSettings
 from ..settings.training import TrainingSettings
 from .batch import Batch
 from .micro_batches import MicroBatching
+from .packing import check_packable
 from .parallel import SingleProcess
 from .schedule import build_scheduler
 from .trained_state import load_trained_state, trained_state
@@ -61,9 +61,10 @@ class Critic:
         self.optimizer = torch.optim.AdamW(params, lr=c.lr, betas=settings.betas, eps=settings.adam_eps,
                                            weight_decay=c.weight_decay)
         self.scheduler = build_scheduler(self.optimizer, c)  # the critic's fields: lr_schedule, warmup_steps, ...
-        # the policy's rows or token budget per micro-batch; the value model runs on padded rows (packing is the
-        # policy's logits path)
-        self.micro_batching = replace(MicroBatching.of(settings), pack=False)
+        # the policy's rows or token budget per micro-batch, packed where the policy's are
+        self.micro_batching = MicroBatching.of(settings)
+        if self.micro_batching.pack:
+            check_packable(self.model)  # a critic of another architecture must confine attention too
         self._step = 0
 
     @property

@@ -38,23 +38,33 @@ class ValueModel(torch.nn.Module):
             self.value_head.bias.zero_()
         self._no_split_modules = no_split_modules  # the decoder layer class(es): FSDP shards each layer
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                keep: int) -> torch.Tensor:
-        """The values ``[B, keep]`` at the last ``keep`` positions (the head runs on those alone)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor,
+                keep: int = 0, at: torch.Tensor | None = None) -> torch.Tensor:
+        """The values ``[B, keep]`` at the last ``keep`` positions of padded rows; or, on one packed row (no
+        attention mask), the values ``[N]`` at its columns ``at``. The head runs on those positions alone."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                use_cache=False).last_hidden_state
-        return self.value_head(hidden[:, -keep:, :]).squeeze(-1)
+        chosen = hidden[0, at, :] if at is not None else hidden[:, -keep:, :]
+        return self.value_head(chosen).squeeze(-1)
 
 
 def response_values(model: torch.nn.Module, batch: Batch, autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
     """``V(s_t)`` ``[B, R]`` in float32: the value of the text before response token ``t``, read where the policy's
-    logit for token ``t`` is (column ``P − 1 + t``). Values at padded positions are meaningless (mask them)."""
+    logit for token ``t`` is (column ``P − 1 + t``). Values at padded positions are meaningless (mask them).
+    A packed micro-batch (:mod:`.packing`) runs on its one row, and its values go back to the ``[B, R]`` layout."""
     r = batch.response_width
+    packed = batch.packed
     device_type = batch.input_ids.device.type
     with torch.autocast(device_type=device_type, dtype=autocast_dtype or torch.bfloat16,
                         enabled=autocast_dtype is not None):
-        values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, keep=r + 1)
+        if packed is not None:
+            values = model(input_ids=packed.input_ids, attention_mask=None, position_ids=packed.position_ids,
+                           at=packed.logit_index)
+        else:
+            values = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                           position_ids=batch.position_ids, keep=r + 1)
+    if packed is not None:
+        return packed.unpack(values.float())
     return values[:, :r].float()
 
 

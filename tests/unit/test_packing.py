@@ -183,6 +183,30 @@ def test_logprobs_of_packed_rows_are_each_sequence_s_own(tiny_model_dir, attenti
 
 
 @pytest.mark.model
+def test_the_critic_s_values_and_value_loss_gradients_match_padded_rows(tiny_model_dir):
+    """PPO with a critic: the value model runs on the same packed micro-batches as the policy, its values read at
+    the columns of the policy's logits."""
+    ways = engines(tiny_model_dir, advantage="gae", critic={"lr": 1e-3})
+    metrics, values = {}, {}
+    for way, engine in ways.items():
+        assert engine.critic.micro_batching.pack == (way == "packed")
+        batch = engine.prepare(long_tail())
+        values[way] = batch.values
+        metrics[way] = engine.critic.update(batch)
+    for way in ways:
+        torch.testing.assert_close(values[way], values["padded rows"], atol=1e-5, rtol=0)
+        for key in ("critic/vf_loss", "critic/vpred_mean", "critic/grad_norm"):
+            assert metrics[way][key] == pytest.approx(metrics["padded rows"][key], rel=1e-4, abs=1e-6), (way, key)
+    expected = grads(ways["padded rows"].critic.model)
+    assert expected and all(g.abs().sum() > 0 for g in expected.values())
+    for way, engine in ways.items():
+        got = grads(engine.critic.model)
+        assert got.keys() == expected.keys(), way
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-4, msg=f"{way}: {name}")
+
+
+@pytest.mark.model
 def test_an_sft_batch_has_the_same_loss_and_gradients(tiny_model_dir):
     rows = [make_exp(e.token_array[: e.prompt_length].tolist(), e.token_array[e.prompt_length:].tolist(),
                      objective=Objective.SFT, eid=e.eid) for e in long_tail()]
