@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 ID_PATTERN = r"^[A-Za-z0-9._:@-]+$"  # ids end up in record keys and group ids (``/`` separates a feedback key)
 MAX_ID_CHARS = 200
@@ -24,6 +24,7 @@ MAX_TEXT_CHARS = 1 << 18  # one message or prompt; serve.max_body_bytes and serv
 MAX_TOKENS = 1 << 20  # any token count; the model's context bounds it further (app.py)
 MAX_N = 1024  # choices; serve.max_n bounds it further (app.py)
 MAX_SEED = 1 << 62  # the engines seed choice j with seed + j, in a 64-bit generator seed
+INT64 = (-(1 << 63), (1 << 63) - 1)  # OpenAI's seed: any int64
 MAX_TOKEN_ID = (1 << 31) - 1  # token ids travel as int32; the vocabulary bounds them further (app.py)
 MAX_REWARD = 1e6  # finite, and far from float32's limit where advantages and losses are computed
 MAX_PROMPTS = 64  # prompts of one /v1/completions request (a batch); serve.max_n bounds prompts x n further
@@ -34,6 +35,8 @@ MAX_NAME_CHARS = 64  # a function's name, OpenAI's limit
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+# any int64 a client sends, folded into the engines' range [0, 2^62): the same seed always samples the same
+Seed = Annotated[int, Field(ge=INT64[0], le=INT64[1]), AfterValidator(lambda seed: seed % MAX_SEED)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKENS)]
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=r"^[A-Za-z0-9_.-]+$")]
@@ -66,7 +69,7 @@ class BaseRequest(BaseModel):
     conversation_id: Id | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    seed: Seed | None = None
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = None  # OpenAI's limit: 4
     # sampling the engine does not do (its logprobs must be the policy's): in range, then refused unless neutral
     frequency_penalty: Penalty | None = None

@@ -55,7 +55,7 @@ def experiences_of(config, clients, response_id: str) -> list[Experience]:
     ({"temperature": 3}, "temperature", "[0, 2]"),
     ({"frequency_penalty": 3}, "frequency_penalty", "[-2, 2]"),
     ({"presence_penalty": -2.5}, "presence_penalty", "[-2, 2]"),
-    ({"seed": 2 ** 63}, "seed", "[0, "),
+    ({"seed": 2 ** 63}, "seed", "9223372036854775807"),
     ({"logprobs": 6}, "logprobs", "[0, 5]"),
     ({"suffix": " end"}, "suffix", "does not support"),
     ({"best_of": 2}, "best_of", "does not support"),
