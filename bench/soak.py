@@ -73,6 +73,7 @@ class Life:
     pid: int
     first_seen: float
     samples: list[tuple[float, int]] = field(default_factory=list)  # (time, RSS bytes)
+    live_heap: list[int] = field(default_factory=list)  # a JVM's heap in use right after a full GC: start, end
 
     def duration_s(self) -> float:
         return self.samples[-1][0] - self.first_seen if self.samples else 0.0
@@ -124,6 +125,22 @@ def rss_bytes(pid: int) -> int | None:
     except OSError:
         return None
     return None
+
+
+HEAP_USED = re.compile(r"heap\s+total \d+K, used (\d+)K")
+
+
+def jvm_live_heap(pid: int) -> int | None:
+    """The bytes a JVM's heap holds right after a full GC: what it keeps, not what it has touched. A JVM's RSS
+    grows while the collector first touches its heap's pages, up to -Xmx; this tells that from a leak."""
+    try:
+        subprocess.run(["jcmd", str(pid), "GC.run"], capture_output=True, timeout=60, check=True)
+        info = subprocess.run(["jcmd", str(pid), "GC.heap_info"], capture_output=True, text=True, timeout=60,
+                              check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = HEAP_USED.search(info)
+    return int(found.group(1)) * 1024 if found else None
 
 
 def role_pids(launcher_pid: int) -> dict[str, int]:
@@ -424,6 +441,7 @@ class SoakRun:
             if value is not None:
                 rss[f"broker-{node.node_id}"] = (pid, value)
         self.memory.sample(now, rss)
+        self._measure_live_heaps(final=False)
         try:
             from streamrft.launch.dashboard import group_lags
 
@@ -431,6 +449,19 @@ class SoakRun:
                 self.soak.lags.setdefault(group, []).append(lag)
         except Exception as exc:  # a broker failing over: the next sample will do
             self.event(f"lags not sampled now: {exc}")
+
+    def _measure_live_heaps(self, final: bool) -> None:
+        """Each broker node's live heap once past warm-up and once at the end of the window (the same forced GC
+        at both ends, so the two compare)."""
+        for node in self.broker.nodes:
+            life = self.memory.lives.get((f"broker-{node.node_id}", node.pid))
+            if life is None or not life.samples or life.samples[-1][0] - life.first_seen < self.s.warmup_s:
+                continue
+            if len(life.live_heap) == 0 or (final and len(life.live_heap) == 1):
+                value = jvm_live_heap(node.pid)
+                if value is not None:
+                    life.live_heap.append(value)
+                    self.event(f"broker-{node.node_id}: {value / 2**20:.0f} MiB of heap live after a full GC")
 
     def event(self, line: str) -> None:
         stamp = f"[{time.monotonic() - self.began:7.1f}s]"
@@ -461,6 +492,7 @@ class SoakRun:
                 self.soak.failure = (f"the run did not catch up within {CATCH_UP_S:.0f}s after the window "
                                      f"(explorer at step {self.soak.steps_done} of {self.soak.produced_steps})")
         self._sample()
+        self._measure_live_heaps(final=True)
         self.soak.catch_up_s = time.monotonic() - began
         self.event("stopping the run with SIGINT")
         self.launcher.send_signal(signal.SIGINT)
@@ -512,7 +544,8 @@ class SoakRun:
 # ---------------------------------------------------------------------------------------------------------------
 def memory_table(memory: MemoryLedger, warmup_s: float) -> Table:
     table = Table(title=f"resident memory (each role's longest life; start = {warmup_s:.0f} s into it)")
-    for column in ("process", "lives", "longest life (min)", "RSS start (MiB)", "RSS end (MiB)", "growth"):
+    for column in ("process", "lives", "longest life (min)", "RSS start (MiB)", "RSS end (MiB)", "growth",
+                   "JVM live heap start → end (MiB)"):
         table.add_column(column, justify="left" if column == "process" else "right")
     for role in memory.roles():
         life = memory.longest(role)
@@ -523,8 +556,15 @@ def memory_table(memory: MemoryLedger, warmup_s: float) -> Table:
             shown = f"[red]{shown}[/]"
         table.add_row(role, str(memory.lives_of(role)), f"{life.duration_s() / 60:.1f}",
                       "-" if start is None else f"{start / 2**20:.0f}", "-" if end is None else f"{end / 2**20:.0f}",
-                      shown)
+                      shown, _live_heap_cell(life))
     return table
+
+
+def _live_heap_cell(life: Life) -> str:
+    if len(life.live_heap) < 2:
+        return "-"
+    start, end = life.live_heap[0], life.live_heap[-1]
+    return f"{start / 2**20:.0f} → {end / 2**20:.0f} ({growth(start, end):+.1%})"
 
 
 def lag_table(lags: dict[str, list[int]]) -> Table:
@@ -634,7 +674,8 @@ def _summary(run: SoakRun, verdict, restarts: dict[str, int]) -> dict:
         life = run.memory.longest(role)
         start, end = life.rss_after(run.s.warmup_s), life.rss_end()
         memory[role] = {"lives": run.memory.lives_of(role), "longest_life_s": life.duration_s(),
-                        "rss_start": start, "rss_end": end, "growth": growth(start, end)}
+                        "rss_start": start, "rss_end": end, "growth": growth(start, end),
+                        "jvm_live_heap": life.live_heap or None}
     soak = run.soak
     return {"settings": {k: str(v) for k, v in vars(run.s).items()}, "kills": soak.kills, "restarts": restarts,
             "broker_restarts": soak.broker_restarts, "produced_steps": soak.produced_steps,
