@@ -169,6 +169,8 @@ def main() -> int:
         result = run_demo(run, workdir, trainer_metrics())
         console.print(f"  exit {result.exit_code} after {result.wall_s / 60:.1f} min; evals {evals_by_step(result)}")
         results.append(result)
+        if len(results) < len(names):  # the table so far: a bench stopped early still has its rows
+            console.print(table(results, args.max_steps))
     console.print(table(results, args.max_steps))
     console.print(legend([r.name for r in results]))
     return 0 if all(r.ok for r in results) else 1
