@@ -115,7 +115,7 @@ def main() -> int:
         config = load_config(config_path, env={}, overrides={"kafka": {"bootstrap_servers": broker.bootstrap_servers}})
         clients = KafkaClients(config, broker.bootstrap_servers)
         clients.ensure_topics()
-        env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers, "STREAMRFT_LOG_LEVEL": "WARNING"}
+        env = {"STREAMRFT_KAFKA__BOOTSTRAP_SERVERS": broker.bootstrap_servers, "STREAMRFT_LOG_LEVEL": os.environ.get("STREAMRFT_LOG_LEVEL", "WARNING")}
         log = open(out / "monitor.log", "ab")
         monitor = subprocess.Popen([sys.executable, "-m", "streamrft.cli", "monitor", str(config_path)],
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

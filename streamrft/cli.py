@@ -65,8 +65,10 @@ def _asked_for(argv: list[str]) -> tuple[str, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    owns_process = argv is None  # run from the command line: the process is the command's alone
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(_asked_for(argv)).parse_args(argv)
+    args.owns_process = owns_process
     configure_logging(args.verbose)
     try:
         return int(args.func(args) or 0)

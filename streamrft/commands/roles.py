@@ -116,6 +116,10 @@ def run_monitor(args: argparse.Namespace) -> int:
     if args.prometheus_config is not None:
         return write_prometheus_config(args)
     from streamrft.consumers.monitor import Monitor
+    from streamrft.runtime.allocator import fix_mmap_threshold
+
+    if getattr(args, "owns_process", False):  # not when called in another program's process (a test's)
+        fix_mmap_threshold()  # the monitor runs as long as the run and holds no tensors (the module says why)
 
     def run(monitor) -> int:
         monitor.run(max_idle_s=args.max_idle_s)
