@@ -20,6 +20,7 @@ tests/unit/test_algorithms_bench.py checks only that every family's config loads
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from rich.table import Table
 
 from demo_runs import REPO, DemoResult, DemoRun, evals_by_step, fmt, merge, run_demo
 
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 260)  # a log file gets the whole table, not 80 columns
 
 BASELINE = "grpo"
 STEP_TIME = "time/train_step"
