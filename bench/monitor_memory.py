@@ -30,21 +30,13 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from soak import rss_bytes  # bench/ is the script's folder
+
 console = Console(stderr=True)
 
 RUN_NAME = "monitor-memory"
 EVAL_EVERY = 8
 CATCH_UP_S = 300.0
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 def declared_names() -> dict[str, list[str]]:
@@ -143,7 +135,8 @@ def main() -> int:
                                                f"{CATCH_UP_S:.0f}s")
                         time.sleep(0.5)
                 caught_up = time.monotonic() - began
-                rss = rss_mib(monitor.pid)
+                rss_b = rss_bytes(monitor.pid)
+                rss = rss_b / 2**20 if rss_b is not None else None
                 if baseline is None and last + 1 >= WINDOW_STEPS:
                     baseline = rss
                 ratio = f"{rss / baseline:.3f}" if baseline and rss else "-"
